@@ -1,0 +1,736 @@
+"""Wire types of the OpenAI-shaped ``POST /v1/decisions`` and its mapping onto System One.
+
+The request shape follows openai-python's ``decisions.create`` (``input``, ``questions[]`` of ``predicate`` /
+``choice`` / ``score`` with an optional ``name``); the response is ``{model, answers: [...], usage}`` with the
+answers as an ordered array in question order. Both are mapped onto one System One request so the same
+engine answers them.
+
+The mapping (what the model reads), field by field:
+
+* ``input`` string -> ``state`` string. An array of input items: when every item is a user message, the
+  content parts in order (``input_text`` as its text, ``input_json`` as its ``data``); one part becomes the
+  state itself, several become a JSON array. Any other item (developer/system/assistant messages, tool
+  calls and outputs) turns the state into an array with one object per item: ``{"role", "content"}`` for
+  messages, the item's own fields (without ``id``/``status``) for tool items.
+* ``questions[i].name`` -> the System One question id; unnamed questions get ``q<i+1>`` (1-based position),
+  or ``q<i+1>_<k>`` if an explicit name already took that id. Duplicate names are rejected.
+* ``predicate`` -> ``noul`` without criteria.
+* ``choice.choices[{value, description?}]`` -> ``criteria {key: description or null}`` where ``key`` is the
+  string value, or ``"true"``/``"false"`` for a boolean value. The typed value is echoed in the answer.
+* ``score.levels[{label, description?}]`` -> ``criteria [level, ...]`` where a level is its label, or
+  ``"<label>: <description>"`` when it has a description.
+* ``instructions``: a string as is; an array of parts as one part (its text or JSON) or a JSON array.
+* Images (``input_image``) are refused with 422: this server reads text only.
+
+Answers: ``predicate {name, probability}``, ``choice {name, choice, confidence, probabilities: [{value,
+probability}]}`` (choices order), ``score {name, score, confidence, probabilities: [{value, label,
+probability}]}``; a question without an answer would get ``refusal {name}`` (Clef always answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    StrictStr,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.systemone import (
+    MAX_CHOICE_OPTIONS,
+    MAX_QUESTION_ID_CHARS,
+    MAX_QUESTIONS,
+    MAX_SCORE_LEVELS,
+    MIN_CHOICE_OPTIONS,
+    MIN_SCORE_LEVELS,
+)
+
+__all__ = [
+    "DecisionChoiceAnswer",
+    "DecisionPlan",
+    "DecisionPredicateAnswer",
+    "DecisionRefusalAnswer",
+    "DecisionResponse",
+    "DecisionScoreAnswer",
+    "DecisionUsage",
+    "DecisionsRequest",
+    "PlannedQuestion",
+    "choice_key",
+    "generated_question_id",
+    "parse_decisions_request",
+    "to_decision_response",
+    "to_systemone",
+    "translate_error_loc",
+]
+
+
+# --------------------------------------------------------------------------------------------- parts
+
+
+def _text_as_parts(value: Any) -> Any:
+    # A plain string is shorthand for one text part; normalising here keeps one code path (and no
+    # str|list union, whose per-member errors would be confusing).
+    if isinstance(value, str):
+        return [{"type": "input_text", "text": value}]
+    if isinstance(value, list):
+        return value
+    raise PydanticCustomError("text_or_parts_type", "must be a string or an array of content parts")
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class InputTextPart(_Part):
+    type: Literal["input_text"]
+    text: StrictStr
+
+
+class OutputTextPart(_Part):
+    type: Literal["output_text"]
+    text: StrictStr
+
+
+class RefusalPart(_Part):
+    type: Literal["refusal"]
+    refusal: StrictStr
+
+
+class InputJsonPart(_Part):
+    type: Literal["input_json"]
+    data: dict[str, Any] | list[dict[str, Any]]
+
+
+class InputImagePart(_Part):
+    """Accepted by the schema so the refusal can name the part; the mapping rejects it (text only)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+
+
+def _part_tag(value: Any) -> str | None:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+ContentPart = Annotated[
+    Annotated[InputTextPart, Tag("input_text")]
+    | Annotated[OutputTextPart, Tag("output_text")]
+    | Annotated[RefusalPart, Tag("refusal")]
+    | Annotated[InputJsonPart, Tag("input_json")]
+    | Annotated[InputImagePart, Tag("input_image")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="content_part_type",
+        custom_error_message="a content part must be an object whose 'type' is 'input_text', 'input_json', "
+        "'input_image', 'output_text' or 'refusal'",
+    ),
+]
+
+_TEXT_OR_PARTS_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+TextOrParts = Annotated[list[ContentPart], WithJsonSchema(_TEXT_OR_PARTS_SCHEMA)]
+
+
+# --------------------------------------------------------------------------------------------- input
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class InputMessage(_Item):
+    """A message of the conversation; ``type`` may be omitted."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "developer", "system", "assistant"]
+    content: TextOrParts
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_as_parts(cls, value: Any) -> Any:
+        return _text_as_parts(value)
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+    namespace: StrictStr | None = None
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: TextOrParts
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output_as_parts(cls, value: Any) -> Any:
+        return _text_as_parts(value)
+
+
+class CustomToolCallItem(_Item):
+    type: Literal["custom_tool_call"]
+    call_id: StrictStr
+    name: StrictStr
+    input: StrictStr
+    namespace: StrictStr | None = None
+
+
+class CustomToolCallOutputItem(_Item):
+    type: Literal["custom_tool_call_output"]
+    call_id: StrictStr
+    output: TextOrParts
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output_as_parts(cls, value: Any) -> Any:
+        return _text_as_parts(value)
+
+
+def _item_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("type", "message")
+    return getattr(value, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="input_item_type",
+        custom_error_message="an input item must be a message ({role, content}) or an object whose 'type' is "
+        "'function_call', 'function_call_output', 'custom_tool_call' or 'custom_tool_call_output'",
+    ),
+]
+
+
+# ----------------------------------------------------------------------------------------- questions
+
+QuestionName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_QUESTION_ID_CHARS)]
+
+
+class _DecisionQuestion(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    instructions: TextOrParts = Field(description="A string, or an array of input_text / input_json parts.")
+    name: QuestionName | None = Field(
+        default=None, description="Echoed in the answer; also the question id the model reads."
+    )
+
+    @field_validator("instructions", mode="before")
+    @classmethod
+    def _instructions_as_parts(cls, value: Any) -> Any:
+        return _text_as_parts(value)
+
+
+class DecisionPredicateQuestion(_DecisionQuestion):
+    """How likely a statement about the input is true (System One ``noul``)."""
+
+    type: Literal["predicate"]
+
+
+def _choice_value(value: Any) -> Any:
+    # One clear error instead of one per union member (str, bool).
+    if isinstance(value, str | bool):
+        return value
+    raise PydanticCustomError("choice_value_type", "a choice value must be a string or a boolean")
+
+
+ChoiceValue = Annotated[
+    str | bool,
+    PlainValidator(_choice_value),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "boolean"}]}),
+]
+
+
+class DecisionChoiceOption(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    value: ChoiceValue = Field(description="A string or a boolean; echoed typed in the answer.")
+    description: StrictStr | None = None
+
+
+class DecisionChoiceQuestion(_DecisionQuestion):
+    """One of 2-255 unique choices (System One ``choice``)."""
+
+    type: Literal["choice"]
+    choices: Annotated[
+        list[DecisionChoiceOption], Field(min_length=MIN_CHOICE_OPTIONS, max_length=MAX_CHOICE_OPTIONS)
+    ]
+
+
+class DecisionScoreLevel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    label: StrictStr
+    description: StrictStr | None = None
+
+
+class DecisionScoreQuestion(_DecisionQuestion):
+    """One of 2-10 ordered levels, lowest first (System One ``score``)."""
+
+    type: Literal["score"]
+    levels: Annotated[
+        list[DecisionScoreLevel], Field(min_length=MIN_SCORE_LEVELS, max_length=MAX_SCORE_LEVELS)
+    ]
+
+
+DecisionQuestion = Annotated[
+    Annotated[DecisionPredicateQuestion, Tag("predicate")]
+    | Annotated[DecisionChoiceQuestion, Tag("choice")]
+    | Annotated[DecisionScoreQuestion, Tag("score")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="question_type",
+        custom_error_message="a question must be an object whose 'type' is 'predicate', 'choice' or 'score'",
+    ),
+]
+
+
+def _items_of_input(value: Any) -> Any:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return value
+    raise PydanticCustomError("input_type", "input must be a string or an array of input items")
+
+
+class DecisionsRequest(BaseModel):
+    """An OpenAI-shaped decisions request. Unknown top-level fields (``prompt_cache_key``,
+    ``safety_identifier``, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = Field(default=None, description="Any model name is accepted.")
+    input: Annotated[
+        list[InputItem],
+        Field(min_length=1),
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}),
+    ] = Field(description="A string, or an ordered array of messages and tool items.")
+    questions: Annotated[list[DecisionQuestion], Field(min_length=1, max_length=MAX_QUESTIONS)]
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_as_items(cls, value: Any) -> Any:
+        return _items_of_input(value)
+
+
+# ----------------------------------------------------------------------------------------- responses
+
+
+class DecisionPredicateAnswer(BaseModel):
+    type: Literal["predicate"] = "predicate"
+    name: str | None
+    probability: float
+
+
+class DecisionChoiceProbability(BaseModel):
+    value: str | bool
+    probability: float
+
+
+class DecisionChoiceAnswer(BaseModel):
+    type: Literal["choice"] = "choice"
+    name: str | None
+    choice: str | bool
+    confidence: float
+    probabilities: list[DecisionChoiceProbability]
+
+
+class DecisionScoreProbability(BaseModel):
+    value: int
+    label: str
+    probability: float
+
+
+class DecisionScoreAnswer(BaseModel):
+    type: Literal["score"] = "score"
+    name: str | None
+    score: float
+    confidence: float
+    probabilities: list[DecisionScoreProbability]
+
+
+class DecisionRefusalAnswer(BaseModel):
+    type: Literal["refusal"] = "refusal"
+    name: str | None
+
+
+class _InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class _OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class DecisionUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: _InputTokensDetails
+    output_tokens: int
+    output_tokens_details: _OutputTokensDetails
+    total_tokens: int
+
+
+class DecisionResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    answers: list[
+        Annotated[
+            DecisionPredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer | DecisionRefusalAnswer,
+            Field(discriminator="type"),
+        ]
+    ]
+    usage: DecisionUsage
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def _strip_union_tags(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """Drop the union-member labels pydantic inserts into locations (``questions.0.choice.choices``):
+    walking the request data, a segment that is not a key/index of the value at that point is a label."""
+    out: list[Any] = []
+    node = data
+    tag_dropped = False  # at most one discriminator tag per object
+    for seg in loc:
+        if (
+            isinstance(node, dict)
+            and not tag_dropped
+            and seg not in node
+            and seg == node.get("type", "message")
+        ):
+            tag_dropped = True
+            continue
+        tag_dropped = False
+        descends = (isinstance(node, dict) and seg in node) or (
+            isinstance(node, list) and isinstance(seg, int) and 0 <= seg < len(node)
+        )
+        if descends:
+            out.append(seg)
+            node = node[seg]  # type: ignore[index]
+        elif isinstance(node, dict | list) and isinstance(seg, str) and seg != "[key]":
+            # A label (the node did not descend). Missing fields, though, are real keys that are absent:
+            # keep a segment that names a field the models know.
+            if seg in _FIELD_NAMES:
+                out.append(seg)
+                node = None
+        else:
+            out.append(seg)
+            node = None
+    return tuple(out)
+
+
+_FIELD_NAMES = frozenset(
+    {
+        "model",
+        "input",
+        "questions",
+        "type",
+        "instructions",
+        "name",
+        "choices",
+        "value",
+        "description",
+        "levels",
+        "label",
+        "role",
+        "content",
+        "text",
+        "data",
+        "image_url",
+        "refusal",
+        "call_id",
+        "arguments",
+        "output",
+        "namespace",
+    }
+)
+
+
+def parse_decisions_request(data: Any) -> DecisionsRequest:
+    """Validate a decoded JSON body as a decisions request.
+
+    Returns the validated request. Raises :class:`RequestValidationError` listing every problem, each with
+    its location in the decisions body (e.g. ``("questions", 0, "choices")``).
+    """
+    if isinstance(data, DecisionsRequest):
+        return data
+    if not isinstance(data, dict):
+        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
+    try:
+        return DecisionsRequest.model_validate(data)
+    except ValidationError as exc:
+        errors: list[ErrorItem] = []
+        for err in exc.errors(include_url=False):
+            errors.append(
+                {"loc": _strip_union_tags(tuple(err["loc"]), data), "msg": err["msg"], "type": err["type"]}
+            )
+        raise RequestValidationError(errors) from None
+
+
+# ------------------------------------------------------------------------------------------- mapping
+
+
+@dataclass(frozen=True)
+class PlannedQuestion:
+    """How one decisions question maps onto System One, kept to build its answer."""
+
+    index: int
+    question_id: str
+    name: str | None
+    kind: Literal["predicate", "choice", "score"]
+    choice_values: tuple[tuple[str, str | bool], ...] = ()
+    """(System One option key, original typed value), in the request's choices order."""
+    level_labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """The mapping of a whole request: one :class:`PlannedQuestion` per question, in order."""
+
+    questions: tuple[PlannedQuestion, ...]
+
+    def index_of(self, question_id: str) -> int | None:
+        """The position of the question with System One id ``question_id``, or None."""
+        for planned in self.questions:
+            if planned.question_id == question_id:
+                return planned.index
+        return None
+
+
+def choice_key(value: str | bool) -> str:
+    """The System One option id of a typed choice value: the string itself, ``"true"``/``"false"``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def generated_question_id(index: int, taken: set[str]) -> str:
+    """The id of an unnamed question at 0-based ``index``: ``q<index+1>``, or ``q<index+1>_<k>`` (k = 2, 3,
+    ...) when an explicit name already uses it."""
+    base = f"q{index + 1}"
+    if base not in taken:
+        return base
+    k = 2
+    while f"{base}_{k}" in taken:
+        k += 1
+    return f"{base}_{k}"
+
+
+def _parts_value(parts: list[Any], loc: tuple[Any, ...]) -> Any:
+    pieces: list[Any] = []
+    for j, part in enumerate(parts):
+        if isinstance(part, InputTextPart | OutputTextPart):
+            pieces.append(part.text)
+        elif isinstance(part, RefusalPart):
+            pieces.append(part.refusal)
+        elif isinstance(part, InputJsonPart):
+            pieces.append(part.data)
+        else:
+            raise RequestValidationError.single(
+                (*loc, j), "images are not supported by this server (text only)", "image_not_supported"
+            )
+    if not pieces:
+        raise RequestValidationError.single(loc, "at least one content part is required", "too_short")
+    return pieces[0] if len(pieces) == 1 else pieces
+
+
+def _state_of(items: list[Any]) -> Any:
+    if all(isinstance(item, InputMessage) and item.role == "user" for item in items):
+        pieces: list[Any] = []
+        for i, item in enumerate(items):
+            value = _parts_value(item.content, ("input", i, "content"))
+            if len(item.content) > 1:
+                pieces.extend(value)
+            else:
+                pieces.append(value)
+        return pieces[0] if len(pieces) == 1 else pieces
+    rendered: list[Any] = []
+    for i, item in enumerate(items):
+        if isinstance(item, InputMessage):
+            rendered.append(
+                {"role": item.role, "content": _parts_value(item.content, ("input", i, "content"))}
+            )
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            output = _parts_value(item.output, ("input", i, "output"))
+            rendered.append({"type": item.type, "call_id": item.call_id, "output": output})
+        else:
+            rendered.append(item.model_dump(exclude_none=True))
+    return rendered
+
+
+def to_systemone(request: DecisionsRequest) -> tuple[dict[str, Any], DecisionPlan]:
+    """Map a validated decisions request onto a System One request body (a dict for the engine's parser).
+
+    Returns ``(systemone_body, plan)``. Raises :class:`RequestValidationError` for what System One cannot
+    express: duplicate names or choices, images.
+    """
+    errors: list[ErrorItem] = []
+    names: dict[str, int] = {}
+    for i, question in enumerate(request.questions):
+        if question.name is not None:
+            if question.name in names:
+                errors.append(
+                    {
+                        "loc": ("questions", i, "name"),
+                        "msg": f"duplicate question name {question.name!r} "
+                        f"(also question {names[question.name]})",
+                        "type": "duplicate_name",
+                    }
+                )
+            else:
+                names[question.name] = i
+    if errors:
+        raise RequestValidationError(errors)
+
+    taken = set(names)
+    planned: list[PlannedQuestion] = []
+    questions: dict[str, Any] = {}
+    for i, question in enumerate(request.questions):
+        if question.name is not None:
+            qid = question.name
+        else:
+            qid = generated_question_id(i, taken)
+            taken.add(qid)
+        instructions = _parts_value(question.instructions, ("questions", i, "instructions"))
+        if isinstance(question, DecisionPredicateQuestion):
+            questions[qid] = {"type": "noul", "instructions": instructions}
+            planned.append(PlannedQuestion(i, qid, question.name, "predicate"))
+        elif isinstance(question, DecisionChoiceQuestion):
+            criteria: dict[str, Any] = {}
+            values: list[tuple[str, str | bool]] = []
+            for j, option in enumerate(question.choices):
+                key = choice_key(option.value)
+                if key in criteria:
+                    errors.append(
+                        {
+                            "loc": ("questions", i, "choices", j, "value"),
+                            "msg": f"each choice must be unique; {option.value!r} repeats option id {key!r}",
+                            "type": "duplicate_choice",
+                        }
+                    )
+                    continue
+                criteria[key] = option.description
+                values.append((key, option.value))
+            questions[qid] = {"type": "choice", "instructions": instructions, "criteria": criteria}
+            planned.append(PlannedQuestion(i, qid, question.name, "choice", choice_values=tuple(values)))
+        else:
+            levels = [
+                level.label if not level.description else f"{level.label}: {level.description}"
+                for level in question.levels
+            ]
+            questions[qid] = {"type": "score", "instructions": instructions, "criteria": levels}
+            labels = tuple(level.label for level in question.levels)
+            planned.append(PlannedQuestion(i, qid, question.name, "score", level_labels=labels))
+    if errors:
+        raise RequestValidationError(errors)
+    body: dict[str, Any] = {"state": _state_of(request.input), "questions": questions}
+    if request.model is not None:
+        body["model"] = request.model
+    return body, DecisionPlan(tuple(planned))
+
+
+def translate_error_loc(loc: tuple[Any, ...], plan: DecisionPlan) -> tuple[Any, ...]:
+    """Translate the location of an error found in the mapped System One request back to the decisions
+    body: ``("questions", "<id>", "criteria", ...)`` -> ``("questions", <index>, "choices"|"levels", ...)``,
+    ``("state", ...)`` -> ``("input",)``. Unknown shapes are returned unchanged."""
+    if not loc:
+        return loc
+    if loc[0] == "state":
+        return ("input",)
+    if loc[0] == "questions" and len(loc) >= 2:
+        index = plan.index_of(str(loc[1]))
+        if index is None:
+            return ("questions",)
+        rest = list(loc[2:])
+        if rest and rest[0] == "criteria":
+            kind = plan.questions[index].kind
+            rest[0] = "choices" if kind == "choice" else "levels" if kind == "score" else "instructions"
+            if kind == "choice" and len(rest) > 1:
+                keys = [key for key, _ in plan.questions[index].choice_values]
+                rest = [rest[0], keys.index(rest[1])] if rest[1] in keys else [rest[0]]
+        return ("questions", index, *rest)
+    return loc
+
+
+def to_decision_response(systemone: dict[str, Any], plan: DecisionPlan) -> dict[str, Any]:
+    """Build the decisions response body from the engine's System One response and the mapping plan.
+
+    Returns ``{"model", "answers": [...], "usage": {...}}`` with answers in question order. A question the
+    engine did not answer gets a ``refusal``. Raises ``KeyError``/``ValueError`` only if the engine's
+    response is malformed (a server bug, not a client error).
+    """
+    answers_in = systemone.get("answers", {})
+    answers: list[dict[str, Any]] = []
+    for planned in plan.questions:
+        answer = answers_in.get(planned.question_id)
+        if answer is None:
+            answers.append({"type": "refusal", "name": planned.name})
+            continue
+        if planned.kind == "predicate":
+            answers.append({"type": "predicate", "name": planned.name, "probability": answer["noul"]})
+        elif planned.kind == "choice":
+            by_key = dict(planned.choice_values)
+            probabilities = answer["probabilities"]
+            answers.append(
+                {
+                    "type": "choice",
+                    "name": planned.name,
+                    "choice": by_key[answer["choice"]],
+                    "confidence": answer["confidence"],
+                    "probabilities": [
+                        {"value": value, "probability": probabilities[key]}
+                        for key, value in planned.choice_values
+                    ],
+                }
+            )
+        else:
+            probabilities = answer["probabilities"]
+            answers.append(
+                {
+                    "type": "score",
+                    "name": planned.name,
+                    "score": answer["score"],
+                    "confidence": answer["confidence"],
+                    "probabilities": [
+                        {"value": i, "label": label, "probability": probabilities[str(i)]}
+                        for i, label in enumerate(planned.level_labels)
+                    ],
+                }
+            )
+    usage_in = systemone.get("usage", {})
+    input_tokens = int(usage_in.get("input_tokens", 0))
+    output_tokens = int(usage_in.get("output_tokens", 0))
+    return {
+        "model": systemone.get("model", ""),
+        "answers": answers,
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": int(usage_in.get("cached_tokens", 0)),
+                "cache_write_tokens": 0,
+            },
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
