@@ -1,0 +1,424 @@
+"""The Qwen3.5 backbone of a Clef release: transformers' text model, loaded from the release's shards.
+
+Only the text stack (``Qwen3_5TextModel``: embeddings, 24 Gated DeltaNet + 8 attention layers, final norm) is
+built. ``lm_head.weight`` is never instantiated and the 248,320-wide logits are never computed: the head reads
+``lm_head`` rows through `clef_runtime.model.lexical.LexicalTable`. The vision tower is not loaded for
+text use.
+
+Loading: the module tree is built on the meta device (no allocation, no random init), then every text tensor
+is read from the safetensors shards one at a time, cast to the compute dtype and assigned. Peak memory is the
+final model plus one tensor; there is never an fp32 copy of everything next to a bf16 copy. No
+``from_pretrained``, no ``trust_remote_code``, no pickle.
+
+Prefill: `Backbone.hidden_states` returns the final-norm ``last_hidden_state`` of every position, either in
+one pass or in fixed-size chunks that carry a ``DynamicCache`` (attention KV + DeltaNet conv and recurrent
+states), including the seed's form (64-token calls, the last one padded with ``<|endoftext|>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from clef_runtime.model.checkpoint import (
+    LM_HEAD_TENSOR,
+    TEXT_PREFIX,
+    VISION_PREFIX,
+    CheckpointError,
+    CheckpointInfo,
+    verify_checkpoint,
+)
+
+__all__ = ["ENDOFTEXT_ID", "TRANSFORMERS_CONSTRUCTION_LOCK", "Backbone", "resolve_device", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
+
+#: <|endoftext|>: the pad id of the seed's chunked readout and of batched prefill.
+ENDOFTEXT_ID = 248_044
+
+#: Hold this while constructing any transformers model. Their constructors switch process-wide torch state
+#: (the default dtype, to the config's ``dtype``) and restore it on exit; two constructions interleaved in
+#: different threads can leave it switched for good (measured: two concurrent Qwen3.5 constructions left
+#: torch's default dtype at bf16, silently changing later fp32 code).
+TRANSFORMERS_CONSTRUCTION_LOCK = threading.RLock()
+
+# Tensors in the shards that the text backbone deliberately does not load: lm_head is read row-wise by the
+# lexical table, the vision tower only when images are used, MTP weights (absent in Clef-flash) never.
+_SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Map ``"auto"`` to cuda when available, else cpu; return other values as a torch.device.
+
+    Raises ValueError when cuda is asked for but not available.
+    """
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
+    return resolved
+
+
+def resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype:
+    """Default compute dtype: fp32 on CPU (bf16 matmuls are ~7x slower there), bf16 on CUDA.
+
+    Accepts a torch dtype or one of "float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16". Raises ValueError
+    for anything else.
+    """
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"unsupported backbone dtype {dtype}")
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ValueError(f"unsupported backbone dtype {dtype!r}; use one of {sorted(names)}")
+    return names[dtype]
+
+
+def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
+    ids = (
+        input_ids.detach().to("cpu")
+        if isinstance(input_ids, Tensor)
+        else torch.tensor(list(input_ids), dtype=torch.long)
+    )
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise ValueError(f"input_ids must be one sequence ([T] or [1, T]), got shape {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise ValueError(f"input_ids must be integers, got {ids.dtype}")
+    return ids.long()
+
+
+class Backbone:
+    """Transformers' ``Qwen3_5TextModel`` with Clef's release weights, used for prefill only."""
+
+    def __init__(self, model: Any, *, path: Path, info: CheckpointInfo | None = None) -> None:
+        """Wrap an already loaded ``Qwen3_5TextModel`` (use `Backbone.load` to build one from a release)."""
+        self._model = model.eval()
+        self._path = path
+        self._info = info
+        self._pad_id = ENDOFTEXT_ID
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype | str | None = None,
+        info: CheckpointInfo | None = None,
+        check_memory: bool = True,
+        threads: int | None = None,
+    ) -> Backbone:
+        """Load the text backbone of the release directory ``path``.
+
+        ``device``: "auto" (cuda if available, else cpu), "cpu" or "cuda[:N]". ``dtype``: default fp32 on CPU,
+        bf16 on CUDA. ``info``: a `CheckpointInfo` from `verify_checkpoint` (verified here when omitted).
+        ``check_memory``: estimate the memory need from the shard headers first and refuse cleanly when it
+        does not fit (`clef_runtime.model.memory.InsufficientMemoryError`) instead of being killed halfway.
+        ``threads``: set torch's intra-op thread count (default: leave torch's default, one per core).
+
+        Returns the Backbone in eval mode. Raises CheckpointError when the directory is invalid or a text
+        tensor is missing, unexpected or misshapen; InsufficientMemoryError; ValueError for a bad device or
+        dtype.
+        """
+        # Submodule imports (not transformers' lazy top-level names, whose first resolution is not
+        # thread-safe): two threads loading models at once must not race on an import.
+        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel, Qwen3_5TextRotaryEmbedding
+
+        resolved_device = resolve_device(device)
+        resolved_dtype = resolve_dtype(resolved_device, dtype)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if info is None:
+            info = verify_checkpoint(path)
+        if check_memory:
+            from clef_runtime.model.memory import check_fits, estimate_model_memory
+
+            check_fits(estimate_model_memory(info, device=resolved_device, dtype=resolved_dtype))
+
+        config_path = info.path / "config.json"
+        try:
+            text_config = Qwen3_5Config.from_dict(dict(info.config)).text_config
+        except (TypeError, ValueError, KeyError) as error:
+            raise CheckpointError(
+                f"{config_path}: not a valid Qwen3.5 config ({error})", file=config_path
+            ) from error
+        text_config._attn_implementation = "sdpa"
+        text_config.use_cache = False
+
+        with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device("meta"):
+            model = Qwen3_5TextModel(text_config)
+        expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+        state: dict[str, Tensor] = {}
+        unexpected: list[str] = []
+        for shard in info.shards:
+            shard_path = info.shard_path(shard)
+            try:
+                with safe_open(str(shard_path), framework="pt", device="cpu") as reader:
+                    for key in reader.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                        if key.startswith(TEXT_PREFIX):
+                            name = key[len(TEXT_PREFIX) :]
+                            if name not in expected:
+                                unexpected.append(key)
+                                continue
+                            stored = reader.get_tensor(key)
+                            if tuple(stored.shape) != expected[name]:
+                                raise CheckpointError(
+                                    f"{shard_path}: tensor {key!r} has shape {list(stored.shape)}, "
+                                    f"the config implies {list(expected[name])}",
+                                    file=shard_path,
+                                )
+                            # One tensor at a time: the bf16 read is dropped as soon as it is cast.
+                            state[name] = stored.to(device=resolved_device, dtype=resolved_dtype)
+                            del stored
+                        elif key == LM_HEAD_TENSOR or key.startswith(_SKIPPED_PREFIXES):
+                            continue
+                        else:
+                            unexpected.append(key)
+            except CheckpointError:
+                raise
+            except Exception as error:  # safetensors raises its own error types for corrupt files
+                raise CheckpointError(
+                    f"{shard_path}: cannot read tensors ({error})", file=shard_path
+                ) from error
+        missing = sorted(set(expected) - set(state))
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"missing text tensors: {[TEXT_PREFIX + name for name in missing[:8]]}")
+            if unexpected:
+                parts.append(f"unexpected tensors: {sorted(unexpected)[:8]}")
+            index_path = info.path / "model.safetensors.index.json"
+            raise CheckpointError(
+                f"{index_path}: the shards do not match the config's text model: " + "; ".join(parts),
+                file=index_path,
+            )
+        model.load_state_dict(state, strict=True, assign=True)
+        del state
+        # Non-persistent buffers are not in the shards and are still on meta: rebuild the rotary table on the
+        # target device, in fp32 (a bf16 inv_freq would round the RoPE angles).
+        with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device(resolved_device):
+            model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=text_config)
+        leftovers = [
+            name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta
+        ]
+        if leftovers:
+            raise CheckpointError(f"{info.path}: tensors left uninitialised after loading: {leftovers[:8]}")
+        model.requires_grad_(False)
+        logger.info(
+            "loaded backbone from %s: %d layers, hidden %d, %s on %s",
+            info.path,
+            text_config.num_hidden_layers,
+            text_config.hidden_size,
+            resolved_dtype,
+            resolved_device,
+        )
+        return cls(model, path=info.path, info=info)
+
+    # --------------------------------------------------------------- properties
+
+    @property
+    def model(self) -> Any:
+        """The wrapped transformers ``Qwen3_5TextModel``."""
+        return self._model
+
+    @property
+    def config(self) -> Any:
+        """The text config (``Qwen3_5TextConfig``)."""
+        return self._model.config
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the hidden rows (4096 for Clef-flash)."""
+        return int(self._model.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Device the weights live on."""
+        return self._model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype of the weights."""
+        return self._model.embed_tokens.weight.dtype
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of parameters held (text model only: no lm_head, no vision tower)."""
+        return sum(parameter.numel() for parameter in self._model.parameters())
+
+    @property
+    def path(self) -> Path:
+        """The release directory the weights came from."""
+        return self._path
+
+    @property
+    def info(self) -> CheckpointInfo | None:
+        """The `CheckpointInfo` of the release directory, when loaded with `Backbone.load`."""
+        return self._info
+
+    # ------------------------------------------------------------------ prefill
+
+    def _positions(self, length: int, position_ids: Tensor | None) -> Tensor:
+        """[3, T] M-RoPE planes (t, h, w); text-only input uses arange on every plane."""
+        if position_ids is None:
+            return torch.arange(length, dtype=torch.long).expand(3, length)
+        positions = position_ids.detach().to("cpu").long()
+        if positions.dim() == 3 and positions.shape[1] == 1:
+            positions = positions[:, 0]
+        if positions.dim() == 1:
+            positions = positions.expand(3, -1)
+        if positions.dim() != 2 or positions.shape[0] != 3 or positions.shape[1] != length:
+            raise ValueError(
+                f"position_ids must be [T], [3, T] or [3, 1, T] with T = {length}, "
+                f"got {tuple(position_ids.shape)}"
+            )
+        return positions
+
+    def _forward(self, embeds: Tensor, planes: Tensor, start: int, cache: Any | None) -> Tensor:
+        """One call of the text model on [B, S, hidden] embeddings at sequence offset ``start``."""
+        batch, length = embeds.shape[0], embeds.shape[1]
+        # Row 0 is the plain sequence index (transformers uses it for the causal mask); rows 1..3 are the
+        # M-RoPE planes. Passing them explicitly means no position state is ever inferred from earlier calls.
+        sequence = torch.arange(start, start + length, dtype=torch.long).expand(1, length)
+        positions = torch.cat([sequence, planes], dim=0)[:, None, :].expand(4, batch, length)
+        output = self._model(
+            inputs_embeds=embeds,
+            position_ids=positions.to(self.device),
+            cache=cache,
+            use_cache=cache is not None,
+        )
+        return output.last_hidden_state
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        return self._model.embed_tokens(ids.to(self.device))
+
+    def _run(
+        self, embeds: Tensor, planes: Tensor, real_length: int, prefill_chunk: int | None, pad_last: bool
+    ) -> Tensor:
+        """Prefill [B, T, hidden] embeddings; returns [B, T, hidden] final-norm rows (T = real_length)."""
+        if prefill_chunk is None or (prefill_chunk >= real_length and not pad_last):
+            return self._forward(embeds, planes, 0, None)
+        from transformers.cache_utils import DynamicCache
+
+        if prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+        cache = DynamicCache(config=self._model.config)
+        pieces = []
+        for start in range(0, real_length, prefill_chunk):
+            end = min(start + prefill_chunk, real_length)
+            piece_embeds, piece_planes = embeds[:, start:end], planes[:, start:end]
+            missing = prefill_chunk - (end - start)
+            if pad_last and missing:
+                # The seed's form: the last call is padded with <|endoftext|> to the full chunk width at the
+                # following positions; causality keeps the pads from reaching the real rows, which are kept.
+                pad = self._embed(torch.full((missing,), self._pad_id, dtype=torch.long))
+                pad = pad.to(piece_embeds.dtype)[None].expand(embeds.shape[0], -1, -1)
+                piece_embeds = torch.cat([piece_embeds, pad], dim=1)
+                following = piece_planes[:, -1:] + torch.arange(1, missing + 1, dtype=torch.long)
+                piece_planes = torch.cat([piece_planes, following], dim=1)
+            pieces.append(self._forward(piece_embeds, piece_planes, start, cache)[:, : end - start])
+        return torch.cat(pieces, dim=1)
+
+    def hidden_states(
+        self,
+        input_ids: Sequence[int] | Tensor,
+        *,
+        prefill_chunk: int | None = None,
+        pad_last_chunk: bool = False,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+    ) -> Tensor:
+        """Final-norm hidden rows of every position of one sequence: a [T, hidden] fp32 tensor on CPU.
+
+        ``prefill_chunk=None`` runs one full pass; ``prefill_chunk=N`` runs ceil(T/N) calls carrying a
+        ``DynamicCache`` (attention KV + DeltaNet conv and recurrent states). ``pad_last_chunk=True`` pads the
+        last call with ``<|endoftext|>`` (248044) to N tokens and drops the padded rows (the seed's readout).
+        ``position_ids``: optional M-RoPE positions, [T] or [3, T] (default arange on all three planes).
+        ``inputs_embeds``: optional [T, hidden] embeddings that replace the token embeddings (e.g. with image
+        rows merged in); ``input_ids`` then only fixes T.
+
+        Every call starts from fresh state: nothing carries from one request to the next. Raises ValueError
+        for empty input, shape mismatches or a non-positive chunk.
+        """
+        ids = _as_id_tensor(input_ids)
+        length = int(ids.shape[0])
+        if length == 0:
+            raise ValueError("input_ids is empty")
+        if pad_last_chunk and prefill_chunk is None:
+            raise ValueError("pad_last_chunk needs a prefill_chunk")
+        if prefill_chunk is not None and prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+        planes = self._positions(length, position_ids)
+        with torch.inference_mode():
+            if inputs_embeds is not None:
+                embeds = inputs_embeds.detach()
+                if embeds.dim() == 3 and embeds.shape[0] == 1:
+                    embeds = embeds[0]
+                if tuple(embeds.shape) != (length, self.hidden_size):
+                    raise ValueError(
+                        f"inputs_embeds must be [T, hidden] = [{length}, {self.hidden_size}], "
+                        f"got {tuple(inputs_embeds.shape)}"
+                    )
+                embeds = embeds.to(device=self.device, dtype=self.dtype)
+            else:
+                embeds = self._embed(ids)
+            rows = self._run(embeds[None], planes, length, prefill_chunk, pad_last_chunk)[0]
+            return rows.to(device="cpu", dtype=torch.float32)
+
+    def hidden_states_batch(
+        self, batch: Sequence[Sequence[int] | Tensor], *, prefill_chunk: int | None = None
+    ) -> list[Tensor]:
+        """Final-norm hidden rows of several sequences computed in one forward: a list of [T_i, hidden] fp32.
+
+        Sequences are right-padded with ``<|endoftext|>`` (248044) to the longest one and run as a batch at
+        positions arange(T) (optionally in ``prefill_chunk``-token calls). Every mixer is causal (attention,
+        the DeltaNet convolution and its recurrence), so a pad placed after a sequence's last real token
+        cannot change any real row; no attention mask is needed. Raises ValueError for an empty batch or an
+        empty sequence.
+        """
+        sequences = [_as_id_tensor(ids) for ids in batch]
+        if not sequences:
+            raise ValueError("batch is empty")
+        lengths = [int(ids.shape[0]) for ids in sequences]
+        if min(lengths) == 0:
+            raise ValueError(f"batch holds an empty sequence (lengths {lengths})")
+        longest = max(lengths)
+        padded = torch.full((len(sequences), longest), self._pad_id, dtype=torch.long)
+        for row, ids in enumerate(sequences):
+            padded[row, : ids.shape[0]] = ids
+        planes = torch.arange(longest, dtype=torch.long).expand(3, longest)
+        with torch.inference_mode():
+            rows = self._run(self._embed(padded), planes, longest, prefill_chunk, False)
+            rows = rows.to(device="cpu", dtype=torch.float32)
+        return [rows[row, :length].clone() for row, length in enumerate(lengths)]
+
+    def __repr__(self) -> str:
+        return (
+            f"Backbone(path={str(self._path)!r}, layers={self.config.num_hidden_layers}, "
+            f"hidden={self.hidden_size}, dtype={self.dtype}, device={self.device})"
+        )

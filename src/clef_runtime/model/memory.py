@@ -1,0 +1,176 @@
+"""How much memory a release needs on a device, from the safetensors headers alone, and whether it fits.
+
+The estimate itemises what the runtime holds:
+
+- the text backbone (embeddings, layers, final norm) in the compute dtype;
+- the vision tower in the compute dtype, only when asked (``include_vision``);
+- the lexical table (``lm_head.weight``), which `LexicalTable` keeps in its stored dtype (bf16, 2 GB);
+- the JointSchemaHead in fp32;
+- a working-memory allowance (torch runtime, prefill activations, allocator slack).
+
+For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32); the CPU
+default (fp32 text model + bf16 lexical table + fp32 head) needs ~37 GB and does not fit a 24 GB machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from clef_runtime.model.checkpoint import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX, CheckpointInfo
+
+__all__ = [
+    "InsufficientMemoryError",
+    "MemoryEstimate",
+    "available_memory",
+    "check_fits",
+    "estimate_model_memory",
+]
+
+_GB = 1e9
+# Working memory beyond the weights: the torch runtime itself plus prefill activations at a few thousand
+# tokens (measured on the 9B geometry: ~1 GB over the weights at T = 1024) and allocator slack.
+_BASE_OVERHEAD_BYTES = 1 << 30
+_OVERHEAD_FRACTION = 0.05
+_MEMINFO = Path("/proc/meminfo")
+
+
+class InsufficientMemoryError(MemoryError):
+    """The model does not fit in the memory available on the chosen device (the message says what to do)."""
+
+    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a loaded model needs on ``device``, itemised (see the module docstring)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    text_bytes: int
+    vision_bytes: int
+    lexical_bytes: int
+    head_bytes: int
+    overhead_bytes: int
+
+    @property
+    def backbone_bytes(self) -> int:
+        """Text model + vision tower (when included) + lexical table."""
+        return self.text_bytes + self.vision_bytes + self.lexical_bytes
+
+    @property
+    def weights_bytes(self) -> int:
+        """All weights: backbone_bytes + the head."""
+        return self.backbone_bytes + self.head_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights + working-memory allowance: what `check_fits` compares with the available memory."""
+        return self.weights_bytes + self.overhead_bytes
+
+    def describe(self) -> str:
+        """A one-line human summary in GB (10^9 bytes)."""
+        parts = [f"text {self.text_bytes / _GB:.1f}"]
+        if self.vision_bytes:
+            parts.append(f"vision {self.vision_bytes / _GB:.1f}")
+        parts += [
+            f"lm_head table {self.lexical_bytes / _GB:.1f}",
+            f"head {self.head_bytes / _GB:.2f}",
+            f"working memory {self.overhead_bytes / _GB:.1f}",
+        ]
+        return (
+            f"~{self.total_bytes / _GB:.1f} GB in {_dtype_name(self.dtype)} on {self.device.type} ("
+            + ", ".join(parts)
+            + ")"
+        )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def estimate_model_memory(
+    info: CheckpointInfo,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    include_vision: bool = False,
+) -> MemoryEstimate:
+    """Estimate the memory the runtime needs for the release ``info`` describes (headers only, no data read).
+
+    ``device`` may be "auto" (as in `Backbone.load`). Text (and, with ``include_vision``, vision) tensors are
+    counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32. Returns a
+    `MemoryEstimate`. Raises ValueError for an unavailable device.
+    """
+    from clef_runtime.model.backbone import resolve_device
+
+    resolved_device = resolve_device(device)
+    element = torch.empty((), dtype=dtype).element_size()
+    text = vision = lexical = 0
+    for name, tensor in info.tensors.items():
+        if name.startswith(TEXT_PREFIX):
+            text += tensor.numel * element
+        elif name.startswith(VISION_PREFIX):
+            vision += tensor.numel * element
+        elif name == LM_HEAD_TENSOR:
+            lexical += tensor.nbytes
+    head = sum(tensor.numel for tensor in info.head_tensors.values()) * 4
+    if not include_vision:
+        vision = 0
+    overhead = _BASE_OVERHEAD_BYTES + int(_OVERHEAD_FRACTION * (text + vision))
+    return MemoryEstimate(
+        device=resolved_device,
+        dtype=dtype,
+        text_bytes=text,
+        vision_bytes=vision,
+        lexical_bytes=lexical,
+        head_bytes=head,
+        overhead_bytes=overhead,
+    )
+
+
+def available_memory(device: str | torch.device) -> int:
+    """Bytes available for a new model on ``device``.
+
+    CPU: ``MemAvailable`` from /proc/meminfo (falls back to total physical memory via sysconf when that file
+    does not exist). CUDA: free bytes from ``torch.cuda.mem_get_info``.
+    """
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(resolved)
+        return int(free)
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(estimate: MemoryEstimate, available: int | None = None) -> None:
+    """Raise `InsufficientMemoryError` when ``estimate.total_bytes`` exceeds the available memory.
+
+    ``available`` defaults to `available_memory` of the estimate's device. Returns None when the model fits.
+    """
+    if available is None:
+        available = available_memory(estimate.device)
+    if estimate.total_bytes <= available:
+        return
+    needed = f"~{estimate.total_bytes / _GB:.1f} GB in {_dtype_name(estimate.dtype)}"
+    if estimate.device.type == "cpu":
+        advice = "use --device cuda or a machine with more memory; bf16-storage mode comes in a later release"
+    else:
+        advice = "use a GPU with more free memory, or --device cpu on a machine with enough RAM"
+    raise InsufficientMemoryError(
+        f"the model needs {needed} on {estimate.device} but only {available / _GB:.1f} GB is available "
+        f"({estimate.describe()}); {advice}",
+        needed_bytes=estimate.total_bytes,
+        available_bytes=available,
+    )

@@ -1,0 +1,228 @@
+"""Turn a ``--model`` value into a release directory on disk.
+
+Three forms:
+
+- ``"tiny"``: the built-in untrained test model, built once into ``<cache_dir()>/tiny-<version>/`` and reused;
+- an existing local directory in the release layout;
+- a Hugging Face repo id with an optional ``@revision``: ``Cloudflare/clef-flash`` defaults to the pinned
+  revision, other repos to ``main``. Only the release files are fetched (never ``*.py``); with
+  ``HF_HUB_OFFLINE=1`` only the local Hugging Face cache is consulted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from clef_runtime.model.checkpoint import (
+    CONFIG_FILE,
+    PINNED_FILE_SIZES,
+    PINNED_REPO_ID,
+    PINNED_REVISION,
+    RELEASE_FILE_PATTERNS,
+    CheckpointError,
+)
+
+__all__ = [
+    "TINY_SPEC",
+    "ModelResolutionError",
+    "ResolvedModel",
+    "resolve_model",
+    "tiny_cache_path",
+]
+
+logger = logging.getLogger(__name__)
+
+TINY_SPEC = "tiny"
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+class ModelResolutionError(CheckpointError):
+    """A ``--model`` value names no usable checkpoint (not cached offline, unknown repo, bad spec)."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model spec points: ``path`` is a release directory; ``expected_sizes`` is set for the pinned
+    Clef-flash revision (pass it to `verify_checkpoint` to check the published file sizes)."""
+
+    path: Path
+    name: str
+    revision: str | None
+    is_tiny: bool
+    expected_sizes: Mapping[str, int] | None = None
+
+
+def _tiny_version() -> str:
+    from clef_runtime import __version__
+    from clef_runtime.model.tiny import TINY_FORMAT
+
+    return f"{__version__}-f{TINY_FORMAT}"
+
+
+def tiny_cache_path() -> Path:
+    """Directory the built-in tiny checkpoint lives in: ``<cache_dir()>/tiny-<package version>-f<format>``."""
+    from clef_runtime.encoding.tokenizer import cache_dir
+
+    return Path(cache_dir()) / f"tiny-{_tiny_version()}"
+
+
+def _ensure_tiny() -> Path:
+    """Build the tiny checkpoint once; concurrent builders each write a private temp dir, one rename wins."""
+    from clef_runtime.model.tiny import make_tiny
+
+    final = tiny_cache_path()
+    if (final / CONFIG_FILE).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        make_tiny(staging / "checkpoint")
+        try:
+            # rename(2) of a directory is atomic and fails when the target exists and is not empty, so a
+            # reader never sees a half-written checkpoint and the first finished builder wins.
+            os.rename(staging / "checkpoint", final)
+            logger.info("built the tiny checkpoint in %s", final)
+        except OSError as error:
+            if not (final / CONFIG_FILE).is_file():
+                raise ModelResolutionError(
+                    f"{final} exists but is not a complete tiny checkpoint; delete it and retry"
+                ) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _hf_offline() -> bool:
+    from huggingface_hub import constants
+
+    # Read the environment at call time: huggingface_hub reads it once at import.
+    value = os.environ.get("HF_HUB_OFFLINE")
+    if value is not None:
+        return value.strip().lower() in _TRUTHY
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _hf_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    repo_id, _, revision = spec.partition("@")
+    return repo_id, (revision or None)
+
+
+def _is_tiny_dir(path: Path) -> bool:
+    import json
+
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    marker = config.get("clef_runtime") if isinstance(config, dict) else None
+    return isinstance(marker, dict) and marker.get("tiny") is True
+
+
+def _download(repo_id: str, revision: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = _hf_offline()
+    cache = _hf_cache_dir()
+    how = (
+        f"download it first with `hf download {repo_id} --revision {revision}` (network access, "
+        f"HF_HUB_OFFLINE unset) or pass a local directory"
+    )
+    try:
+        snapshot = snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=cache,
+            local_files_only=offline,
+            allow_patterns=list(RELEASE_FILE_PATTERNS),
+            ignore_patterns=["*.py"],
+        )
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        raise ModelResolutionError(
+            f"Hugging Face repo {repo_id!r} was not found or is not accessible ({type(error).__name__})"
+        ) from error
+    except RevisionNotFoundError as error:
+        raise ModelResolutionError(f"Hugging Face repo {repo_id!r} has no revision {revision!r}") from error
+    except LocalEntryNotFoundError as error:
+        if offline:
+            message = (
+                f"{repo_id}@{revision} is not in the local Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 "
+                f"forbids downloading; {how}"
+            )
+        else:
+            message = f"{repo_id}@{revision} could not be downloaded and is not cached in {cache}: {error}"
+        raise ModelResolutionError(message) from error
+    except (HfHubHTTPError, OSError) as error:
+        if offline:
+            raise ModelResolutionError(
+                f"{repo_id}@{revision} is not complete in the local Hugging Face cache ({cache}); {how}"
+            ) from error
+        raise ModelResolutionError(f"downloading {repo_id}@{revision} failed: {error}") from error
+    return Path(snapshot)
+
+
+def resolve_model(spec: str) -> ResolvedModel:
+    """Resolve a model spec (``tiny``, a local directory, or ``org/name[@revision]``) to a release directory.
+
+    The directory is not verified here (see `verify_checkpoint`); for the pinned Clef-flash revision the
+    result carries the published file sizes to verify against. Returns a `ResolvedModel`. Raises
+    `ModelResolutionError` (a CheckpointError) when the spec is not a directory and not a valid repo id, the
+    repo/revision does not exist, or it is not cached while offline (the message says how to download it).
+    """
+    spec = spec.strip()
+    if not spec:
+        raise ModelResolutionError("empty model spec; use 'tiny', a directory or a Hugging Face repo id")
+    if spec == TINY_SPEC:
+        return ResolvedModel(path=_ensure_tiny(), name=TINY_SPEC, revision=None, is_tiny=True)
+
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        resolved = local.resolve()
+        return ResolvedModel(path=resolved, name=spec, revision=None, is_tiny=_is_tiny_dir(resolved))
+
+    repo_id, revision = _split_spec(spec)
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    not_a_spec = ModelResolutionError(
+        f"model {spec!r} is not 'tiny', not an existing directory, and not a Hugging Face repo id "
+        "('org/name' or 'org/name@revision')"
+    )
+    if spec.startswith((".", "/", "~")) or repo_id.count("/") != 1:
+        raise not_a_spec
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise not_a_spec from error
+    is_pinned_repo = repo_id.lower() == PINNED_REPO_ID.lower()
+    if revision is None:
+        revision = PINNED_REVISION if is_pinned_repo else "main"
+    path = _download(repo_id, revision)
+    return ResolvedModel(
+        path=path,
+        name=repo_id,
+        revision=revision,
+        is_tiny=_is_tiny_dir(path),
+        expected_sizes=PINNED_FILE_SIZES if is_pinned_repo and revision == PINNED_REVISION else None,
+    )

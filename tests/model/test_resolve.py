@@ -1,0 +1,205 @@
+"""resolve_model: tiny (built once, atomically), local directories, Hugging Face repo ids (offline cache)."""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import clef_runtime.model.resolve as resolve_module
+import clef_runtime.model.tiny as tiny_module
+from clef_runtime.model.checkpoint import (
+    PINNED_FILE_SIZES,
+    PINNED_REVISION,
+    RELEASE_FILE_PATTERNS,
+    CheckpointError,
+    verify_checkpoint,
+)
+from clef_runtime.model.resolve import ModelResolutionError, ResolvedModel, resolve_model
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer_json_path: Path) -> Path:
+    """A fresh clef-runtime cache dir; the tiny builder reuses the session's tokenizer (no rebuild)."""
+    cache = tmp_path / "clef-cache"
+    monkeypatch.setenv("CLEF_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tiny_module, "_default_tokenizer_path", lambda: tokenizer_json_path)
+    return cache
+
+
+def _hf_cache(root: Path, repo_id: str, revision: str, source: Path, *, ref: str | None = "main") -> Path:
+    """Lay out ``models--Org--name/snapshots/<revision>/`` (+ ``refs/<ref>``) as huggingface_hub writes it."""
+    repo_dir = root / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for entry in source.iterdir():
+        (snapshot / entry.name).symlink_to(entry)
+    if ref is not None:
+        (repo_dir / "refs").mkdir()
+        (repo_dir / "refs" / ref).write_text(revision)
+    return snapshot
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return hub
+
+
+def test_tiny_is_built_once_even_by_concurrent_callers(
+    private_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_make_tiny = tiny_module.make_tiny
+    both_building = threading.Barrier(2, timeout=60)
+    builds: list[Path] = []
+
+    def racing_make_tiny(directory: Path, seed: int = 0) -> Path:
+        both_building.wait()  # both callers are past the "already built?" check and build at the same time
+        builds.append(Path(directory))
+        return real_make_tiny(directory, seed)
+
+    monkeypatch.setattr(tiny_module, "make_tiny", racing_make_tiny)
+    results: list[ResolvedModel] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            results.append(resolve_model("tiny"))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(builds) == 2
+    # Concurrent transformers constructions must not leave process-wide torch state changed.
+    assert torch.get_default_dtype() == torch.float32
+    assert results[0] == results[1]
+    resolved = results[0]
+    assert resolved.is_tiny and resolved.name == "tiny" and resolved.revision is None
+    assert resolved.path.parent == private_cache
+    assert resolved.path.name.startswith("tiny-")
+    assert verify_checkpoint(resolved.path).is_tiny
+    # The losing builder's staging directory is gone; only the final checkpoint remains.
+    assert [entry.name for entry in private_cache.iterdir() if entry.name.startswith((".tiny", "tiny"))] == [
+        resolved.path.name
+    ]
+
+    def must_not_build(directory: Path, seed: int = 0) -> Path:
+        raise AssertionError("the cached tiny checkpoint should be reused")
+
+    monkeypatch.setattr(tiny_module, "make_tiny", must_not_build)
+    assert resolve_model("tiny") == resolved
+
+
+def test_local_directory(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved = resolve_model(str(tiny_dir))
+    assert resolved.path == tiny_dir.resolve()
+    assert resolved.is_tiny
+    assert resolved.revision is None
+    assert resolved.expected_sizes is None
+    monkeypatch.chdir(tiny_dir.parent)
+    assert resolve_model(f"./{tiny_dir.name}").path == tiny_dir.resolve()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert resolve_model(str(plain)).is_tiny is False
+
+
+@pytest.mark.parametrize("spec", ["", "./not/there", "/not/there/either", "a/b/c", "org/na me", "justaname"])
+def test_unusable_specs(spec: str, offline_hub: Path) -> None:
+    with pytest.raises(ModelResolutionError) as error:
+        resolve_model(spec)
+    assert isinstance(error.value, CheckpointError)
+
+
+def test_offline_cache_by_branch(offline_hub: Path, tiny_dir: Path) -> None:
+    snapshot = _hf_cache(offline_hub, "Org/tiny-clef", REVISION, tiny_dir)
+    resolved = resolve_model("Org/tiny-clef")
+    assert resolved.path == snapshot
+    assert (resolved.name, resolved.revision, resolved.is_tiny) == ("Org/tiny-clef", "main", True)
+    assert resolved.expected_sizes is None
+    assert verify_checkpoint(resolved.path).tensor_count > 0
+
+
+def test_offline_cache_by_commit(offline_hub: Path, tiny_dir: Path) -> None:
+    snapshot = _hf_cache(offline_hub, "Org/tiny-clef", REVISION, tiny_dir, ref=None)
+    resolved = resolve_model(f"Org/tiny-clef@{REVISION}")
+    assert resolved.path == snapshot
+    assert resolved.revision == REVISION
+
+
+def test_pinned_release_defaults_to_the_pinned_revision(offline_hub: Path, tiny_dir: Path) -> None:
+    # A cache holding other files under the pinned commit: resolution works, the published sizes do not match.
+    snapshot = _hf_cache(offline_hub, "Cloudflare/clef-flash", PINNED_REVISION, tiny_dir, ref=None)
+    resolved = resolve_model("Cloudflare/clef-flash")
+    assert resolved.path == snapshot
+    assert resolved.revision == PINNED_REVISION
+    assert resolved.expected_sizes == PINNED_FILE_SIZES
+    with pytest.raises(CheckpointError, match="published sizes"):
+        verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
+
+
+def test_not_cached_offline_says_how_to_download(offline_hub: Path, tiny_dir: Path) -> None:
+    with pytest.raises(ModelResolutionError) as error:
+        resolve_model("Cloudflare/clef-flash")
+    message = str(error.value)
+    assert f"Cloudflare/clef-flash@{PINNED_REVISION}" in message
+    assert "HF_HUB_OFFLINE" in message
+    assert f"hf download Cloudflare/clef-flash --revision {PINNED_REVISION}" in message
+
+    _hf_cache(offline_hub, "Org/tiny-clef", REVISION, tiny_dir)
+    with pytest.raises(ModelResolutionError, match="Org/tiny-clef@v2 is not in the local Hugging Face cache"):
+        resolve_model("Org/tiny-clef@v2")
+
+
+def test_online_download_fetches_only_release_files(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        calls.append({"repo_id": repo_id, **kwargs})
+        return str(tiny_dir)
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    resolved = resolve_model("Cloudflare/clef-flash")
+    assert resolved.path == tiny_dir
+    (call,) = calls
+    assert call["repo_id"] == "Cloudflare/clef-flash"
+    assert call["revision"] == PINNED_REVISION
+    assert call["local_files_only"] is False
+    patterns = call["allow_patterns"]
+    release = [
+        "config.json",
+        "model-00001-of-00004.safetensors",
+        "model-00004-of-00004.safetensors",
+        "model.safetensors.index.json",
+        "joint_head.safetensors",
+        "joint_head_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "processor_config.json",
+    ]
+    ignored = ["joint_schema_model.py", "generation_config.json", "chat_template.jinja", "README.md"]
+    assert all(any(fnmatch.fnmatch(name, p) for p in patterns) for name in release)
+    assert not any(any(fnmatch.fnmatch(name, p) for p in patterns) for name in ignored)
+    assert "*.py" in call["ignore_patterns"]
+    assert patterns == list(RELEASE_FILE_PATTERNS)
+
+    resolve_model("Other/model")
+    assert calls[-1]["revision"] == "main"
+    assert resolve_module.PINNED_REVISION == PINNED_REVISION
