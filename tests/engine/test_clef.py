@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 import subprocess
@@ -9,10 +11,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
 
 from clef_runtime import Clef
-from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.engine.clef import PreparedRequest
+from clef_runtime.model.backbone import TRANSFORMERS_CONSTRUCTION_LOCK
+from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE: dict[str, Any] = json.loads((ROOT / "examples" / "request.json").read_text())
@@ -108,9 +116,17 @@ def test_batch_equals_single(clef: Clef) -> None:
 
 
 def test_backbone_token_counter_counts_real_work(clef: Clef) -> None:
+    body = {"state": "a state seen only by this test", "questions": REQUESTS[1]["questions"]}
+    record = clef.encode(body)
     before = clef.backbone_tokens
-    clef.decide(REQUESTS[1])
-    assert clef.backbone_tokens - before == clef.encode(REQUESTS[1]).input_tokens
+    clef.decide(body)
+    # Cold: everything but the 36-token prompt prefix, which is always cached.
+    assert clef.backbone_tokens - before == record.input_tokens - clef.prefix_state.length
+    assert clef.last_timings.backbone_tokens == record.input_tokens - 36
+    before = clef.backbone_tokens
+    clef.decide(body)
+    # Again: the state is cached, only the schema and suffix run.
+    assert clef.backbone_tokens - before == record.input_tokens - record.state_end
 
 
 def test_invalid_request_raises_validation_error(clef: Clef) -> None:
@@ -152,3 +168,206 @@ def test_cli_decide_invalid_exits_2_naming_the_field() -> None:
     done = run_cli("decide", "--model", "tiny", "-", stdin=json.dumps(bad))
     assert done.returncode == 2
     assert "questions.q.criteria" in done.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+IMAGE_QUESTIONS: dict[str, Any] = {
+    "kind": {"type": "choice", "criteria": {"chart": "a chart", "photo": "a photo", "text": None}},
+    "busy": {"type": "noul", "instructions": "Is the picture busy?"},
+    "quality": {"type": "score", "criteria": ["bad", "ok", "good"]},
+}
+
+
+def png_url(width: int, height: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+# Different sizes give different grids (upscaled to at least 65,536 px): 10x7, 12x6, 8x8, 4x16 merged tokens.
+IMAGES = [png_url(64, 48, 1), png_url(400, 200, 2), png_url(256, 256, 3), png_url(128, 512, 4)]
+
+
+def cloudflare_form(text: str, images: list[str]) -> dict[str, Any]:
+    return {"state": text, "images": images, "questions": IMAGE_QUESTIONS}
+
+
+def openrouter_form(text: str, images: list[str]) -> dict[str, Any]:
+    parts: list[Any] = [text] + [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    return {"state": parts, "questions": IMAGE_QUESTIONS}
+
+
+def variant(base: Clef, *, cache_bytes: int = 0, own_tower: bool = False, **options: Any) -> Clef:
+    """Another engine on the same loaded weights with its own state cache; it shares ``base``'s vision
+    tower unless ``own_tower`` (then a fresh, unloaded one)."""
+    return Clef(
+        resolved=base.resolved,
+        tokenizer=base.tokenizer,
+        backbone=base.backbone,
+        head=base.head,
+        lexical=base.lexical,
+        cache_bytes=cache_bytes,
+        vision_tower=None if own_tower else base.vision_tower,
+        **options,
+    )
+
+
+def max_prob_diff(a: list[list[list[float]]], b: list[list[list[float]]]) -> float:
+    x = [p for item in a for question in item for p in question]
+    y = [p for item in b for question in item for p in question]
+    assert len(x) == len(y)
+    return max(abs(p - q) for p, q in zip(x, y, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [1, 4])
+def test_images_end_to_end_in_both_request_forms(clef: Clef, count: int) -> None:
+    text = f"what is in these {count} pictures?"
+    cloudflare, openrouter = cloudflare_form(text, IMAGES[:count]), openrouter_form(text, IMAGES[:count])
+    a, b = clef.prepare(cloudflare), clef.prepare(openrouter)
+    assert a.record.input_ids == b.record.input_ids
+    assert len(a.record.image_blocks) == count
+    assert [n for _, n in a.record.image_blocks] == [70, 72, 64, 64][:count]
+    assert a.state_key == b.state_key
+    fresh = variant(clef, cache_bytes=0)  # both forms computed from scratch
+    first, second = fresh.decide(cloudflare), fresh.decide(openrouter)
+    assert first == second
+    check_response(cloudflare, first, a.input_tokens)
+    assert fresh.last_timings.backbone_tokens == a.input_tokens - 36
+    # The answer depends on the images: without them it differs.
+    no_images = fresh.probabilities_encoded([fresh.prepare({"state": text, "questions": IMAGE_QUESTIONS})])
+    assert max_prob_diff(fresh.probabilities_encoded([a]), no_images) > 1e-4
+
+
+def load_multimodal_oracle(directory: Path) -> Any:
+    """transformers' own Qwen3_5Model (vision tower + merge + get_rope_index + text model) with the
+    checkpoint's weights, fp32."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
+
+    config = Qwen3_5Config.from_dict(json.loads((directory / "config.json").read_text()))
+    config.text_config._attn_implementation = "sdpa"
+    config.vision_config._attn_implementation = "sdpa"
+    with TRANSFORMERS_CONSTRUCTION_LOCK:
+        model = Qwen3_5Model(config).float().eval()
+    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    state = {}
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(str(directory / shard), framework="pt") as reader:
+            for name in reader.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name.startswith("model."):
+                    state[name[len("model.") :]] = reader.get_tensor(name).float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not missing and not unexpected
+    return model
+
+
+@pytest.mark.slow
+def test_image_rows_match_transformers_multimodal_model(clef: Clef) -> None:
+    oracle = load_multimodal_oracle(clef.path)
+    prepared = clef.prepare(cloudflare_form("three pictures " * 5, IMAGES[:3]))
+    ids = torch.tensor([prepared.record.input_ids])
+    with torch.inference_mode():
+        expected = oracle(
+            input_ids=ids,
+            pixel_values=torch.cat([image.pixels.pixel_values for image in prepared.images]),
+            image_grid_thw=torch.tensor([image.pixels.grid_thw for image in prepared.images]),
+            mm_token_type_ids=(ids == 248_056).int(),
+        ).last_hidden_state[0]
+    engine = variant(clef, cache_bytes=1 << 26)
+    cold = engine.hidden_rows([prepared])[0]
+    hit = engine.hidden_rows([prepared])[0]
+    assert engine.last_timings.state_hits == 1
+    assert (cold - expected).abs().max().item() <= 1e-4
+    assert (hit - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_text_after_an_image_equals_a_fresh_engine(clef: Clef) -> None:
+    text_body = {"state": "plain text after pictures", "questions": IMAGE_QUESTIONS}
+    clef.decide(cloudflare_form("pictures first", IMAGES[:2]))
+    after = clef.probabilities_encoded([clef.prepare(text_body)])
+    fresh = Clef.load("tiny", cache_mb=64)  # the same settings as `clef`, nothing run before
+    assert fresh.probabilities_encoded([fresh.prepare(text_body)]) == after
+    assert not fresh.vision_tower.loaded
+
+
+@pytest.mark.slow
+def test_chunked_prefill_with_an_image_equals_full(clef: Clef) -> None:
+    prepared = clef.prepare(cloudflare_form("chunk me " * 10, IMAGES[:2]))
+    full = variant(clef)
+    chunked = variant(clef, prefill_chunk=32)
+    seed_form = variant(clef, prefill_chunk=64, pad_last_chunk=True)
+    assert (chunked.hidden_rows([prepared])[0] - full.hidden_rows([prepared])[0]).abs().max().item() <= 1e-4
+    reference = full.probabilities_encoded([prepared])
+    assert max_prob_diff(chunked.probabilities_encoded([prepared]), reference) <= 1e-4
+    assert max_prob_diff(seed_form.probabilities_encoded([prepared]), reference) <= 1e-4
+    assert seed_form.last_timings.backbone_tokens == prepared.input_tokens  # the seed form caches nothing
+
+
+@pytest.mark.slow
+def test_mixed_image_and_text_batch_equals_singles(clef: Clef) -> None:
+    bodies = [
+        cloudflare_form("first", IMAGES[:1]),
+        REQUESTS[1],
+        cloudflare_form("second, with more text " * 4, IMAGES[1:4]),
+        {"state": "text only", "questions": IMAGE_QUESTIONS},
+    ]
+    engine = variant(clef)
+    prepared = [engine.prepare(body) for body in bodies]
+    together = engine.probabilities_encoded(prepared)
+    assert engine.last_timings.batch_size == 4 and engine.last_timings.state_misses == 4
+    singles = [variant(clef).probabilities_encoded([item])[0] for item in prepared]
+    assert max_prob_diff(together, singles) <= 1e-4
+
+
+def test_text_requests_never_load_the_vision_tower(clef: Clef) -> None:
+    engine = variant(clef, cache_bytes=1 << 26, own_tower=True)
+    for body in REQUESTS:
+        engine.decide(body)
+    engine.decide_encoded([(engine.parse(REQUESTS[0]), engine.encode(REQUESTS[0]))])
+    assert engine.vision_tower.loaded is False
+    engine.decide(cloudflare_form("now a picture", IMAGES[:1]))
+    assert engine.vision_tower.loaded is True
+
+
+def test_image_items_must_carry_their_images(clef: Clef) -> None:
+    body = cloudflare_form("x", IMAGES[:1])
+    parsed = clef.parse(body)  # the images are taken out: they are not part of SystemOneRequest
+    record = clef.encode(body)
+    assert record.image_blocks
+    with pytest.raises(ValueError, match=r"Clef\.prepare"):
+        clef.decide_encoded([(parsed, record)])
+    prepared = clef.prepare(body)
+    assert isinstance(prepared, PreparedRequest)
+    assert clef.decide_encoded([(parsed, prepared)]) == clef.decide_encoded([prepared])
+
+
+def test_image_errors_are_validation_errors(clef: Clef) -> None:
+    remote = {"state": "s", "images": ["https://example.com/a.png"], "questions": IMAGE_QUESTIONS}
+    with pytest.raises(RequestValidationError) as info:
+        clef.prepare(remote)
+    assert info.value.errors[0]["loc"] == ("images", 0)
+    broken = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode()
+    with pytest.raises(RequestValidationError) as info:
+        clef.decide(openrouter_form("s", [IMAGES[0], broken]))
+    assert info.value.errors[0]["loc"] == ("state", 2)
+    with pytest.raises(InputTooLongError):
+        clef.prepare(cloudflare_form("s", IMAGES), max_length=200)
+
+
+@pytest.mark.slow
+def test_image_modes(clef: Clef) -> None:
+    body = cloudflare_form("tiles", IMAGES[:2])
+    g256 = variant(clef, image_mode="g256")
+    assert [n for _, n in g256.encode(body).image_blocks] == [64, 64]
+    assert [n for _, n in variant(clef, image_mode="g448").encode(body).image_blocks] == [196, 196]
+    capped = variant(clef, image_max_tokens=200)
+    big = cloudflare_form("big", [png_url(1200, 900, 5)])
+    assert sum(n for _, n in capped.encode(big).image_blocks) <= 200
+    check_response(body, g256.decide(body), g256.encode(body).input_tokens)
+    with pytest.raises(ValueError, match="image mode"):
+        Clef.load("tiny", image_mode="g999")

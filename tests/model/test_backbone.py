@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from clef_runtime.model.backbone import Backbone
+from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, UnsupportedCacheError
 from clef_runtime.model.checkpoint import CheckpointError, verify_checkpoint
 from clef_runtime.model.memory import (
     InsufficientMemoryError,
@@ -304,6 +304,133 @@ def test_bf16_load_on_cpu(tiny_dir: Path, tiny_backbone: Backbone) -> None:
     assert rows.dtype == torch.float32
     # bf16 compute drifts from fp32 but stays the same function.
     assert torch.nn.functional.cosine_similarity(rows, tiny_backbone.hidden_states(ids), dim=-1).min() > 0.98
+
+
+# ------------------------------------------------------------------------------ continuation / states
+
+
+def _state_tensors(state: BackboneState) -> list[Tensor]:
+    return [t for layer in state.layers for t in vars(layer).values()] + [state.hidden]
+
+
+def test_prefix_state_then_extend_equals_the_full_pass(
+    tiny_backbone: Backbone, reference: _Reference
+) -> None:
+    ids = _ids(120, seed=20)
+    full = tiny_backbone.hidden_states(ids)
+    prefix = tiny_backbone.initial_state(ids[:36])
+    assert (prefix.length, prefix.next_position) == (36, 36)
+    assert _max_diff(prefix.hidden, full[:36]) <= 1e-5
+    (rest,) = tiny_backbone.extend(prefix, [Continuation(ids[36:])])
+    assert rest.snapshot is None
+    assert _max_diff(rest.hidden, full[36:]) <= 1e-5
+    # And against the independent implementation.
+    assert _max_diff(torch.cat([prefix.hidden, rest.hidden]), reference.hidden(ids)) <= 1e-4
+
+
+def test_continuing_a_snapshot_is_exactly_the_cold_continuation(tiny_backbone: Backbone) -> None:
+    ids = _ids(200, seed=21)
+    full = tiny_backbone.hidden_states(ids)
+    prefix = tiny_backbone.initial_state(ids[:36])
+    (cold,) = tiny_backbone.extend(prefix, [Continuation(ids[36:], snapshot_at=90)])
+    state = cold.snapshot
+    assert state is not None
+    assert (state.length, state.next_position) == (126, 126)
+    assert _max_diff(state.hidden, full[:126]) <= 1e-5
+    (hit,) = tiny_backbone.extend(state, [Continuation(ids[126:])])
+    # The cold run was split at the snapshot, so the hit runs the very same call on the same state.
+    assert torch.equal(hit.hidden, cold.hidden[90:])
+    assert _max_diff(hit.hidden, full[126:]) <= 1e-4
+    # A different continuation of the same state equals its own full pass.
+    other = ids[:126] + _ids(40, seed=22)
+    (branch,) = tiny_backbone.extend(state, [Continuation(other[126:])])
+    assert _max_diff(branch.hidden, tiny_backbone.hidden_states(other)[126:]) <= 1e-4
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_batch_rows_snapshot_at_their_own_offsets(tiny_backbone: Backbone, chunk: int | None) -> None:
+    prefix_ids = _ids(36, seed=23)
+    rows = [prefix_ids + _ids(n, seed=24 + n) for n in (150, 40, 97)]
+    cuts = [100, 3, 97]  # the last one snapshots at its very end
+    prefix = tiny_backbone.initial_state(prefix_ids)
+    results = tiny_backbone.extend(
+        prefix,
+        [Continuation(r[36:], snapshot_at=c) for r, c in zip(rows, cuts, strict=True)],
+        prefill_chunk=chunk,
+    )
+    for row, cut, result in zip(rows, cuts, results, strict=True):
+        full = tiny_backbone.hidden_states(row)
+        assert _max_diff(result.hidden, full[36:]) <= 1e-4
+        assert result.snapshot is not None and result.snapshot.length == 36 + cut
+        assert _max_diff(result.snapshot.hidden, full[: 36 + cut]) <= 1e-4
+        if 36 + cut < len(row):
+            (continued,) = tiny_backbone.extend(result.snapshot, [Continuation(row[36 + cut :])])
+            assert _max_diff(continued.hidden, full[36 + cut :]) <= 1e-4
+
+
+def test_one_state_continued_by_a_batch_and_never_modified(tiny_backbone: Backbone) -> None:
+    base = _ids(80, seed=30)
+    state = tiny_backbone.initial_state(base)
+    before = [t.clone() for t in _state_tensors(state)]
+    tails = [_ids(n, seed=31 + n) for n in (30, 5, 60)]
+    results = tiny_backbone.extend(state, [Continuation(t) for t in tails], prefill_chunk=16)
+    for tail, result in zip(tails, results, strict=True):
+        assert _max_diff(result.hidden, tiny_backbone.hidden_states(base + tail)[80:]) <= 1e-4
+    assert all(torch.equal(a, b) for a, b in zip(before, _state_tensors(state), strict=True))
+    assert state.nbytes == sum(t.numel() * t.element_size() for t in before)
+
+
+def test_image_rows_and_planes_in_extend(tiny_backbone: Backbone) -> None:
+    ids = _ids(90, seed=40)
+    # A 3x4 "image" of 12 rows at 40..51; planes as M-RoPE lays them out (text after it shifted by 12 - 4).
+    image = torch.randn(12, 64, generator=torch.Generator().manual_seed(41))
+    k = torch.arange(12)
+    planes = torch.empty(3, 90, dtype=torch.long)
+    planes[:, :40] = torch.arange(40)
+    planes[0, 40:52], planes[1, 40:52], planes[2, 40:52] = 40, 40 + k // 4, 40 + k % 4
+    planes[:, 52:] = torch.arange(44, 44 + 38)
+    embeds = tiny_backbone.embeddings(ids, image_rows=[(40, image)])
+    expected = tiny_backbone.hidden_states(ids, inputs_embeds=embeds, position_ids=planes)
+    assert _max_diff(expected, tiny_backbone.hidden_states(ids, position_ids=planes)) > 1e-3  # rows matter
+    prefix = tiny_backbone.initial_state(ids[:36])
+    (cold,) = tiny_backbone.extend(
+        prefix,
+        [Continuation(ids[36:], positions=planes[:, 36:], image_rows=[(4, image)], snapshot_at=20)],
+        prefill_chunk=8,
+    )
+    assert _max_diff(cold.hidden, expected[36:]) <= 1e-4
+    state = cold.snapshot
+    assert state is not None and state.length == 56
+    assert state.next_position == 48  # one past the largest position so far (text continues at 44 + 4)
+    (hit,) = tiny_backbone.extend(state, [Continuation(ids[56:], positions=planes[:, 56:])])
+    assert _max_diff(hit.hidden, expected[56:]) <= 1e-4
+    # Without explicit planes a continuation starts at next_position.
+    (default,) = tiny_backbone.extend(state, [Continuation(ids[56:])])
+    assert torch.equal(default.hidden, hit.hidden)
+
+
+def test_extend_bad_arguments(tiny_backbone: Backbone, tiny_dir: Path) -> None:
+    state = tiny_backbone.initial_state([1, 2, 3])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(state, [])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(state, [Continuation([5]), Continuation([])])
+    with pytest.raises(ValueError, match="snapshot_at"):
+        tiny_backbone.extend(state, [Continuation([5, 6], snapshot_at=3)])
+    with pytest.raises(ValueError, match="positions"):
+        tiny_backbone.extend(state, [Continuation([5, 6], positions=torch.zeros(3, 3, dtype=torch.long))])
+    with pytest.raises(ValueError, match="image rows"):
+        tiny_backbone.extend(state, [Continuation([5, 6], image_rows=[(1, torch.zeros(2, 64))])])
+    with pytest.raises(ValueError, match="positive"):
+        tiny_backbone.extend(state, [Continuation([5])], prefill_chunk=0)
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.initial_state([])
+    config = json.loads((tiny_dir / "config.json").read_text())["text_config"]
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    other = Qwen3_5TextConfig.from_dict({**config, "layer_types": ["full_attention"] * 4})
+    with pytest.raises(UnsupportedCacheError):
+        state.to_cache(other, 1)
 
 
 # ----------------------------------------------------------------------------------- loading errors

@@ -13,6 +13,13 @@ final model plus one tensor; there is never an fp32 copy of everything next to a
 Prefill: `Backbone.hidden_states` returns the final-norm ``last_hidden_state`` of every position, either in
 one pass or in fixed-size chunks that carry a ``DynamicCache`` (attention KV + DeltaNet conv and recurrent
 states), including the seed's form (64-token calls, the last one padded with ``<|endoftext|>``).
+
+Continuation: `Backbone.extend` runs a right-padded batch of rows that all continue one `BackboneState` (or
+start from nothing), with per-row M-RoPE planes and image rows merged into the embeddings, and can snapshot
+each row at its own offset (the call is split there, so the snapshot is exactly the state after that many
+tokens). A `BackboneState` holds everything a later continuation needs: attention K/V, DeltaNet conv and
+recurrent states, the final-norm hidden rows of its positions and the next M-RoPE position. It is
+immutable by convention: restoring copies it, so a cached state is never modified by the run that uses it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +45,17 @@ from clef_runtime.model.checkpoint import (
     verify_checkpoint,
 )
 
-__all__ = ["ENDOFTEXT_ID", "TRANSFORMERS_CONSTRUCTION_LOCK", "Backbone", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "ENDOFTEXT_ID",
+    "TRANSFORMERS_CONSTRUCTION_LOCK",
+    "Backbone",
+    "BackboneState",
+    "Continuation",
+    "ContinuationResult",
+    "UnsupportedCacheError",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +124,141 @@ def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ValueError(f"input_ids must be integers, got {ids.dtype}")
     return ids.long()
+
+
+class UnsupportedCacheError(RuntimeError):
+    """The model's cache holds a layer kind that `BackboneState` cannot snapshot or restore (not a plain
+    attention layer nor a single-state linear-attention layer)."""
+
+
+@dataclass(frozen=True, eq=False)
+class _AttentionSnapshot:
+    keys: Tensor  # [1, kv_heads, L, head_dim]
+    values: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class _LinearSnapshot:
+    conv: Tensor  # [1, conv_dim, kernel]: the last `kernel` inputs of the causal conv
+    recurrent: Tensor  # [1, value_heads, key_dim, value_dim]: the gated delta rule state
+
+
+def _cache_layer_classes() -> tuple[type, type]:
+    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+    return DynamicLayer, LinearAttentionLayer
+
+
+def _capture_row(cache: Any, row: int) -> tuple[_AttentionSnapshot | _LinearSnapshot, ...]:
+    """Copies of one batch row of every cache layer, as they are now."""
+    attention_class, linear_class = _cache_layer_classes()
+    layers: list[_AttentionSnapshot | _LinearSnapshot] = []
+    for number, layer in enumerate(cache.layers):
+        # Exact types: a subclass could hold more state than we copy (refuse rather than copy half).
+        if type(layer) is attention_class and layer.is_initialized:
+            layers.append(
+                _AttentionSnapshot(layer.keys[row : row + 1].clone(), layer.values[row : row + 1].clone())
+            )
+        elif (
+            type(layer) is linear_class
+            and layer.number_of_states == 1
+            and not layer.record_past
+            and layer.has_previous_state[0]
+            and layer.conv_states[0] is not None
+            and layer.recurrent_states[0] is not None
+        ):
+            layers.append(
+                _LinearSnapshot(
+                    layer.conv_states[0][row : row + 1].clone(),
+                    layer.recurrent_states[0][row : row + 1].clone(),
+                )
+            )
+        else:
+            raise UnsupportedCacheError(
+                f"cache layer {number} ({type(layer).__name__}) cannot be snapshotted in this state"
+            )
+    return tuple(layers)
+
+
+@dataclass(frozen=True, eq=False)
+class BackboneState:
+    """The backbone after ``length`` tokens of one sequence: enough to continue it, and its hidden rows.
+
+    ``hidden``: fp32 CPU [length, hidden] final-norm rows of those positions (the head reads every row).
+    ``next_position``: the M-RoPE position the next text token gets (after an image block this is not
+    ``length``). Never modify a state: `Backbone.extend` copies it into a fresh cache.
+    """
+
+    layers: tuple[_AttentionSnapshot | _LinearSnapshot, ...] = field(repr=False)
+    hidden: Tensor = field(repr=False)
+    length: int
+    next_position: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the state's tensors (cache layers and hidden rows)."""
+        tensors = [self.hidden]
+        for layer in self.layers:
+            if isinstance(layer, _AttentionSnapshot):
+                tensors += [layer.keys, layer.values]
+            else:
+                tensors += [layer.conv, layer.recurrent]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def to_cache(self, config: Any, batch: int) -> Any:
+        """A fresh ``DynamicCache`` holding this state ``batch`` times (copies; this state is untouched).
+
+        Raises `UnsupportedCacheError` when ``config`` builds a cache of another layout.
+        """
+        from transformers.cache_utils import DynamicCache
+
+        attention_class, linear_class = _cache_layer_classes()
+        cache = DynamicCache(config=config)
+        if len(cache.layers) != len(self.layers):
+            raise UnsupportedCacheError(
+                f"the config builds {len(cache.layers)} cache layers, the state holds {len(self.layers)}"
+            )
+        for number, (layer, snapshot) in enumerate(zip(cache.layers, self.layers, strict=True)):
+            if isinstance(snapshot, _AttentionSnapshot) and type(layer) is attention_class:
+                # update() concatenates onto an empty tensor: the cache gets its own copy.
+                layer.update(
+                    snapshot.keys.expand(batch, -1, -1, -1), snapshot.values.expand(batch, -1, -1, -1)
+                )
+            elif isinstance(snapshot, _LinearSnapshot) and type(layer) is linear_class:
+                # Both updates copy into freshly allocated buffers that the forward then updates in place.
+                layer.update_conv_state(snapshot.conv.expand(batch, -1, -1).contiguous())
+                layer.update_recurrent_state(snapshot.recurrent.expand(batch, -1, -1, -1).contiguous())
+            else:
+                raise UnsupportedCacheError(
+                    f"cache layer {number} is a {type(layer).__name__}; the state holds "
+                    f"{type(snapshot).__name__.strip('_')}"
+                )
+        return cache
+
+
+@dataclass(frozen=True, eq=False)
+class Continuation:
+    """One row of `Backbone.extend`: the tokens that follow the start state.
+
+    ``positions``: [3, L] M-RoPE planes of these tokens (default: the start's ``next_position`` + arange on
+    every plane). ``image_rows``: ``(offset, rows)`` pairs; ``rows`` [n, hidden] replace the token embeddings
+    at ``offset .. offset + n - 1`` (the ``<|image_pad|>`` block of an image). ``snapshot_at``: take a
+    `BackboneState` after this many tokens of the row (1..L).
+    """
+
+    input_ids: Sequence[int] | Tensor
+    positions: Tensor | None = None
+    image_rows: Sequence[tuple[int, Tensor]] = ()
+    snapshot_at: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ContinuationResult:
+    """What `Backbone.extend` returns per row: ``hidden`` fp32 CPU [L, hidden] rows of the row's tokens and,
+    when asked for, ``snapshot`` (the state after ``snapshot_at`` tokens, counted from position 0)."""
+
+    hidden: Tensor
+    snapshot: BackboneState | None = None
 
 
 class Backbone:
@@ -300,12 +453,15 @@ class Backbone:
         return positions
 
     def _forward(self, embeds: Tensor, planes: Tensor, start: int, cache: Any | None) -> Tensor:
-        """One call of the text model on [B, S, hidden] embeddings at sequence offset ``start``."""
+        """One call of the text model on [B, S, hidden] embeddings at sequence offset ``start``; ``planes``
+        are the M-RoPE planes, [3, S] (shared by the rows) or [3, B, S] (one set per row)."""
         batch, length = embeds.shape[0], embeds.shape[1]
+        if planes.dim() == 2:
+            planes = planes[:, None, :].expand(3, batch, length)
         # Row 0 is the plain sequence index (transformers uses it for the causal mask); rows 1..3 are the
         # M-RoPE planes. Passing them explicitly means no position state is ever inferred from earlier calls.
-        sequence = torch.arange(start, start + length, dtype=torch.long).expand(1, length)
-        positions = torch.cat([sequence, planes], dim=0)[:, None, :].expand(4, batch, length)
+        sequence = torch.arange(start, start + length, dtype=torch.long).expand(1, batch, length)
+        positions = torch.cat([sequence, planes], dim=0)
         output = self._model(
             inputs_embeds=embeds,
             position_ids=positions.to(self.device),
@@ -316,6 +472,31 @@ class Backbone:
 
     def _embed(self, ids: Tensor) -> Tensor:
         return self._model.embed_tokens(ids.to(self.device))
+
+    def _merge_image_rows(
+        self, embeds: Tensor, image_rows: Sequence[tuple[int, Tensor]], length: int, where: str
+    ) -> None:
+        """Write each (offset, [n, hidden]) block of image rows over ``embeds`` [T, hidden], in place."""
+        for offset, rows in image_rows:
+            count = int(rows.shape[0])
+            if rows.dim() != 2 or rows.shape[1] != self.hidden_size or offset < 0 or offset + count > length:
+                raise ValueError(
+                    f"{where}: image rows {tuple(rows.shape)} at {offset} do not fit a row of {length} "
+                    f"tokens and width {self.hidden_size}"
+                )
+            embeds[offset : offset + count] = rows.to(device=self.device, dtype=embeds.dtype)
+
+    def embeddings(
+        self, input_ids: Sequence[int] | Tensor, *, image_rows: Sequence[tuple[int, Tensor]] = ()
+    ) -> Tensor:
+        """Input embeddings of one row, [T, hidden] on the model's device and dtype, with each ``(offset,
+        rows)`` block of image rows (vision-tower output, [n, hidden]) written over the token embeddings at
+        ``offset .. offset + n - 1``. Raises ValueError for a block that does not fit the row."""
+        ids = _as_id_tensor(input_ids)
+        with torch.inference_mode():
+            embeds = self._embed(ids)
+            self._merge_image_rows(embeds, image_rows, int(ids.shape[0]), "embeddings")
+        return embeds
 
     def _run(
         self, embeds: Tensor, planes: Tensor, real_length: int, prefill_chunk: int | None, pad_last: bool
@@ -416,6 +597,111 @@ class Backbone:
             rows = self._run(self._embed(padded), planes, longest, prefill_chunk, False)
             rows = rows.to(device="cpu", dtype=torch.float32)
         return [rows[row, :length].clone() for row, length in enumerate(lengths)]
+
+    def extend(
+        self,
+        start: BackboneState | None,
+        rows: Sequence[Continuation],
+        *,
+        prefill_chunk: int | None = None,
+    ) -> list[ContinuationResult]:
+        """Run ``rows`` as one right-padded batch that continues ``start`` (``None``: from nothing).
+
+        Every row continues its own copy of ``start``. Rows are padded with ``<|endoftext|>`` at the end
+        (causal mixers: pads cannot change real rows; their planes continue the row's last position). The
+        batch runs in calls split at every multiple of ``prefill_chunk`` (``None``: no chunking) and at every
+        row's ``snapshot_at``, so each snapshot is the exact state after its row's own prefix, whatever the
+        other rows are doing.
+
+        Returns one `ContinuationResult` per row, in order. Raises ValueError for an empty batch, an empty
+        row, planes or image rows that do not fit the row, a ``snapshot_at`` outside 1..L, or a
+        non-positive chunk; `UnsupportedCacheError` for a model whose cache layout cannot be snapshotted.
+        """
+        if not rows:
+            raise ValueError("rows is empty")
+        if prefill_chunk is not None and prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+        offset = 0 if start is None else start.length
+        first_position = 0 if start is None else start.next_position
+        sequences = [_as_id_tensor(row.input_ids) for row in rows]
+        lengths = [int(ids.shape[0]) for ids in sequences]
+        if min(lengths) == 0:
+            raise ValueError(f"a row is empty (lengths {lengths})")
+        longest, batch = max(lengths), len(rows)
+
+        padded = torch.full((batch, longest), self._pad_id, dtype=torch.long)
+        planes = torch.empty((3, batch, longest), dtype=torch.long)
+        for number, (row, ids, length) in enumerate(zip(rows, sequences, lengths, strict=True)):
+            padded[number, :length] = ids
+            if row.positions is None:
+                own = torch.arange(first_position, first_position + length, dtype=torch.long).expand(3, -1)
+            else:
+                own = row.positions.detach().to("cpu").long()
+                if tuple(own.shape) != (3, length):
+                    raise ValueError(
+                        f"row {number}: positions must be [3, {length}], got {tuple(row.positions.shape)}"
+                    )
+            planes[:, number, :length] = own
+            if length < longest:
+                planes[:, number, length:] = own[:, -1:] + torch.arange(1, longest - length + 1)
+            if row.snapshot_at is not None and not 1 <= row.snapshot_at <= length:
+                raise ValueError(f"row {number}: snapshot_at {row.snapshot_at} is outside 1..{length}")
+
+        cuts = {longest} | {row.snapshot_at for row in rows if row.snapshot_at is not None}
+        if prefill_chunk is not None:
+            cuts |= set(range(prefill_chunk, longest, prefill_chunk))
+        captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot, ...]] = {}
+        with torch.inference_mode():
+            embeds = self._embed(padded)
+            for number, row in enumerate(rows):
+                self._merge_image_rows(embeds[number], row.image_rows, lengths[number], f"row {number}")
+            if start is None:
+                from transformers.cache_utils import DynamicCache
+
+                cache = DynamicCache(config=self._model.config)
+            else:
+                cache = start.to_cache(self._model.config, batch)
+            pieces = []
+            begin = 0
+            for end in sorted(cuts):
+                pieces.append(
+                    self._forward(embeds[:, begin:end], planes[:, :, begin:end], offset + begin, cache)
+                )
+                for number, row in enumerate(rows):
+                    if row.snapshot_at == end:
+                        captured[number] = _capture_row(cache, number)
+                begin = end
+            hidden = torch.cat(pieces, dim=1).to(device="cpu", dtype=torch.float32)
+
+        results = []
+        for number, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+            own_hidden = hidden[number, :length].clone()
+            snapshot = None
+            if row.snapshot_at is not None:
+                cut = row.snapshot_at
+                state_hidden = (
+                    own_hidden[:cut] if start is None else torch.cat([start.hidden, own_hidden[:cut]])
+                )
+                snapshot = BackboneState(
+                    layers=captured[number],
+                    hidden=state_hidden.clone(),
+                    length=offset + cut,
+                    # The next text position follows the largest position so far (M-RoPE: an image block
+                    # advances it by max(H, W), not by its token count).
+                    next_position=max(first_position, int(planes[:, number, :cut].max()) + 1),
+                )
+            results.append(ContinuationResult(hidden=own_hidden, snapshot=snapshot))
+        return results
+
+    def initial_state(self, input_ids: Sequence[int] | Tensor) -> BackboneState:
+        """The state after ``input_ids`` run from nothing at positions 0..T-1 (e.g. the constant prompt
+        prefix). Raises ValueError for empty input."""
+        length = int(_as_id_tensor(input_ids).shape[0])
+        if length == 0:
+            raise ValueError("input_ids is empty")
+        result = self.extend(None, [Continuation(input_ids, snapshot_at=length)])[0]
+        assert result.snapshot is not None
+        return result.snapshot
 
     def __repr__(self) -> str:
         return (

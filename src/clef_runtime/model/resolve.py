@@ -200,7 +200,7 @@ def resolve_model(spec: str) -> ResolvedModel:
     local = Path(spec).expanduser()
     if local.is_dir():
         resolved = local.resolve()
-        return ResolvedModel(path=resolved, name=spec, revision=None, is_tiny=_is_tiny_dir(resolved))
+        return ResolvedModel(path=resolved, name=resolved.name, revision=None, is_tiny=_is_tiny_dir(resolved))
 
     repo_id, revision = _split_spec(spec)
     from huggingface_hub.utils import HFValidationError, validate_repo_id

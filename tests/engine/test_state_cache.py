@@ -1,0 +1,360 @@
+"""The state cache: keys, the byte-bounded LRU, and the engine using it on the tiny model.
+
+Work skipped is proven by counting the tokens that really went through the backbone
+(``Clef.last_timings.backbone_tokens`` / ``Clef.backbone_tokens``), not only by comparing numbers. Cold
+references come from an engine with the cache disabled, and from one full backbone pass without any cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from clef_runtime import Clef
+from clef_runtime.engine.clef import PreparedRequest
+from clef_runtime.engine.state_cache import StateCache, image_digest, state_key
+
+PREFIX = 36
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def png_url(width: int, height: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def variant(base: Clef, *, cache_bytes: int, **options: Any) -> Clef:
+    """Another engine on the same loaded weights (own state cache, own vision tower)."""
+    return Clef(
+        resolved=base.resolved,
+        tokenizer=base.tokenizer,
+        backbone=base.backbone,
+        head=base.head,
+        lexical=base.lexical,
+        cache_bytes=cache_bytes,
+        **options,
+    )
+
+
+def flat(probs: list[list[list[float]]]) -> list[float]:
+    return [p for item in probs for question in item for p in question]
+
+
+def max_diff(a: list[list[list[float]]], b: list[list[list[float]]]) -> float:
+    x, y = flat(a), flat(b)
+    assert len(x) == len(y)
+    return max(abs(p - q) for p, q in zip(x, y, strict=True))
+
+
+STATE = {"ticket": "The printer on floor 3 is on fire again. " * 12, "priority": "unknown"}
+SCHEMA_A = {
+    "urgent": {"type": "noul", "instructions": "Is this urgent?"},
+    "team": {"type": "choice", "criteria": {"facilities": "building", "it": "computers", "hr": None}},
+}
+SCHEMA_B = {
+    "severity": {"type": "score", "criteria": ["none", "low", "high", "critical"]},
+    "spam": {"type": "noul"},
+}
+
+
+def request(state: Any, questions: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"state": state, "questions": questions, **extra}
+
+
+@pytest.fixture(scope="module")
+def base() -> Clef:
+    return Clef.load("tiny", cache_mb=64)
+
+
+@pytest.fixture
+def clef(base: Clef) -> Clef:
+    """A fresh engine with an empty 64 MiB cache on the shared weights."""
+    return variant(base, cache_bytes=64 * 1024 * 1024)
+
+
+@pytest.fixture
+def cold(base: Clef) -> Clef:
+    """The same weights with the state cache disabled."""
+    return variant(base, cache_bytes=0)
+
+
+# ---------------------------------------------------------------------------------------------- keys
+
+
+def test_state_key_depends_on_every_id_and_image() -> None:
+    ids = list(range(100, 160))
+    key = state_key(ids)
+    assert len(key) == 32 and key == state_key(tuple(ids))
+    assert state_key(ids[:-1]) != key
+    assert state_key([*ids[:-1], 7]) != key
+    assert state_key(ids, [b"a" * 32]) != key
+    assert state_key(ids, [b"a" * 32]) != state_key(ids, [b"b" * 32])
+    assert state_key(ids, [b"a" * 32, b"b" * 32]) != state_key(ids, [b"b" * 32, b"a" * 32])
+
+
+def test_image_digest_reads_pixels_and_grid() -> None:
+    pixels = torch.linspace(-1, 1, 16 * 1536).reshape(16, 1536)
+    digest = image_digest(pixels, (1, 4, 4))
+    assert digest == image_digest(pixels.clone(), (1, 4, 4))
+    changed = pixels.clone()
+    changed[7, 100] += 1e-3
+    assert image_digest(changed, (1, 4, 4)) != digest
+    assert image_digest(pixels, (1, 2, 8)) != digest  # same bytes, other grid
+
+
+# --------------------------------------------------------------------------------------------- LRU
+
+
+@dataclass
+class Blob:
+    nbytes: int
+
+
+def test_lru_evicts_least_recently_used_by_bytes() -> None:
+    cache = StateCache(100)
+    assert cache.put(b"a", Blob(40)) and cache.put(b"b", Blob(40))
+    assert cache.get(b"a") is not None  # a is now the most recent
+    assert cache.put(b"c", Blob(40))  # evicts b
+    assert b"b" not in cache and b"a" in cache and b"c" in cache
+    stats = cache.stats()
+    assert stats["evictions"] == 1 and stats["bytes"] == 80 and stats["entries"] == 2
+    assert not cache.put(b"huge", Blob(101))  # larger than everything: not stored, nothing evicted
+    assert cache.stats()["entries"] == 2
+    assert cache.put(b"a", Blob(10))  # replacing an entry frees its old bytes
+    assert cache.stats()["bytes"] == 50
+    assert cache.get(b"zzz") is None
+    assert cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
+    cache.clear()
+    assert len(cache) == 0 and cache.stats()["bytes"] == 0
+
+
+def test_disabled_cache_stores_nothing() -> None:
+    cache = StateCache(0)
+    assert not cache.enabled
+    assert not cache.put(b"a", Blob(1))
+    assert len(cache) == 0
+    with pytest.raises(ValueError):
+        StateCache(-1)
+
+
+def test_lru_is_thread_safe() -> None:
+    cache = StateCache(1000)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(2000):
+                key = bytes([int(rng.integers(0, 30))])
+                if rng.random() < 0.5:
+                    cache.put(key, Blob(int(rng.integers(1, 200))))
+                else:
+                    cache.get(key)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    stats = cache.stats()
+    assert stats["bytes"] <= 1000
+    assert stats["hits"] + stats["misses"] > 0
+    # The byte count is the sum of what is held.
+    assert stats["bytes"] == sum(size for _, size in cache._entries.values())
+
+
+# ---------------------------------------------------------------------------------- engine: hits
+
+
+def test_hit_equals_cold_and_runs_only_schema_and_suffix(clef: Clef, cold: Clef) -> None:
+    first = clef.prepare(request(STATE, SCHEMA_A))
+    clef.probabilities_encoded([first])
+    assert clef.last_timings.backbone_tokens == first.input_tokens - PREFIX  # the prefix is always cached
+    assert clef.last_timings.state_misses == 1
+
+    second = clef.prepare(request(STATE, SCHEMA_B))
+    assert second.state_key == first.state_key
+    before = clef.backbone_tokens
+    hit = clef.probabilities_encoded([second])
+    ran = clef.backbone_tokens - before
+    assert clef.last_timings.state_hits == 1
+    assert ran == second.input_tokens - second.record.state_end  # schema + suffix only
+
+    reference = cold.probabilities_encoded([second])
+    assert cold.last_timings.backbone_tokens == second.input_tokens - PREFIX
+    assert max_diff(hit, reference) <= 1e-4
+    stats = clef.cache_stats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+    assert stats["tokens_saved"] == PREFIX + second.record.state_end
+
+
+@pytest.mark.slow
+def test_hit_rows_equal_one_full_pass(clef: Clef) -> None:
+    clef.decide(request(STATE, SCHEMA_A))
+    prepared = clef.prepare(request(STATE, SCHEMA_B))
+    (rows,) = clef.hidden_rows([prepared])
+    assert clef.last_timings.state_hits == 1
+    # No cache at all: one forward over the whole row.
+    full = clef.backbone.hidden_states(prepared.record.input_ids)
+    assert (rows - full).abs().max().item() <= 1e-4
+
+
+def test_cached_state_is_not_modified_by_its_use(clef: Clef) -> None:
+    prepared = clef.prepare(request(STATE, SCHEMA_A))
+    clef.decide_encoded([prepared])
+    state = clef.state_cache.get(prepared.state_key)
+    assert state is not None
+    before = [t.clone() for layer in state.layers for t in vars(layer).values()] + [state.hidden.clone()]
+    clef.decide_encoded([clef.prepare(request(STATE, SCHEMA_B)), clef.prepare(request(STATE, SCHEMA_A))])
+    after = [t for layer in state.layers for t in vars(layer).values()] + [state.hidden]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_different_truncation_misses(clef: Clef) -> None:
+    long_state = "word " * 500
+    small_schema = {"q": {"type": "noul"}}
+    big_schema = {"q": {"type": "choice", "criteria": {f"option {i}": f"meaning {i}" for i in range(8)}}}
+    first = clef.prepare(request(long_state, small_schema), max_length=400)
+    second = clef.prepare(request(long_state, big_schema), max_length=400)
+    assert first.truncated_state_tokens > 0 and second.truncated_state_tokens > first.truncated_state_tokens
+    assert first.state_key != second.state_key
+    clef.decide_encoded([first])
+    clef.decide_encoded([second])
+    assert clef.last_timings.state_misses == 1
+    assert clef.last_timings.backbone_tokens == second.input_tokens - PREFIX
+
+
+def test_a_different_image_with_the_same_ids_misses(clef: Clef, cold: Clef) -> None:
+    one = clef.prepare(request("look", SCHEMA_A, images=[png_url(64, 64, seed=1)]))
+    other = clef.prepare(request("look", SCHEMA_A, images=[png_url(64, 64, seed=2)]))
+    assert one.record.input_ids == other.record.input_ids
+    assert one.state_key != other.state_key
+    first = clef.probabilities_encoded([one])
+    second = clef.probabilities_encoded([other])
+    assert clef.last_timings.state_misses == 1
+    assert clef.last_timings.backbone_tokens == other.input_tokens - PREFIX
+    assert max_diff(first, second) > 1e-4  # the picture changed the answer
+    assert max_diff(second, cold.probabilities_encoded([other])) <= 1e-4
+
+
+@pytest.mark.slow
+def test_image_hit_needs_no_vision_tower(clef: Clef, cold: Clef) -> None:
+    image = png_url(80, 48, seed=3)
+    clef.decide(request("look at this", SCHEMA_A, images=[image]))
+    assert clef.vision_tower.loaded
+    clef.vision_tower.unload()
+    prepared = clef.prepare(request("look at this", SCHEMA_B, images=[image]))
+    hit = clef.probabilities_encoded([prepared])
+    assert clef.last_timings.state_hits == 1
+    assert clef.last_timings.backbone_tokens == prepared.input_tokens - prepared.record.state_end
+    assert not clef.vision_tower.loaded  # the state came from the cache: the tower was not needed
+    assert max_diff(hit, cold.probabilities_encoded([prepared])) <= 1e-4
+
+
+@pytest.mark.slow
+def test_eviction_under_a_tiny_budget(base: Clef) -> None:
+    probe = variant(base, cache_bytes=1 << 30)
+    states = [f"state number {i} " * 20 for i in range(3)]
+    prepared = [probe.prepare(request(s, SCHEMA_A)) for s in states]
+    probe.decide_encoded(prepared[:1])
+    size = probe.cache_stats()["bytes"]
+    small = variant(base, cache_bytes=int(size * 1.5))  # room for one of these states, not two
+    for item in prepared:
+        small.decide_encoded([item])
+    stats = small.cache_stats()
+    assert stats["evictions"] == 2 and stats["entries"] == 1 and stats["bytes"] <= stats["capacity_bytes"]
+    small.decide_encoded(prepared[:1])  # evicted: cold again
+    assert small.last_timings.state_misses == 1
+    assert small.last_timings.backbone_tokens == prepared[0].input_tokens - PREFIX
+    small.decide_encoded(prepared[:1])  # and now cached
+    assert small.last_timings.state_hits == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_bytes", [64 * 1024 * 1024, 0])
+def test_a_state_shared_inside_a_batch_is_computed_once(base: Clef, cold: Clef, cache_bytes: int) -> None:
+    engine = variant(base, cache_bytes=cache_bytes)
+    a = engine.prepare(request(STATE, SCHEMA_A))
+    b = engine.prepare(request(STATE, SCHEMA_B))
+    other = engine.prepare(request("something else entirely", SCHEMA_B))
+    together = engine.probabilities_encoded([a, other, b])
+    assert engine.last_timings.state_misses == 2  # two distinct states
+    expected_tokens = (a.input_tokens - PREFIX) + (other.input_tokens - PREFIX)
+    expected_tokens += b.input_tokens - b.record.state_end  # b ran only its schema + suffix
+    assert engine.last_timings.backbone_tokens == expected_tokens
+    assert engine.cache_stats()["shared"] == 1
+    assert engine.cache_stats()["entries"] == (2 if cache_bytes else 0)
+    singles = [cold.probabilities_encoded([item])[0] for item in (a, other, b)]
+    assert max_diff(together, singles) <= 1e-4
+
+
+def test_disabled_cache_is_still_correct(cold: Clef) -> None:
+    prepared = cold.prepare(request(STATE, SCHEMA_B))
+    for _ in range(2):
+        rows = cold.hidden_rows([prepared])[0]
+        assert cold.last_timings.backbone_tokens == prepared.input_tokens - PREFIX
+        assert cold.last_timings.state_hits == 0
+    full = cold.backbone.hidden_states(prepared.record.input_ids)
+    assert (rows - full).abs().max().item() <= 1e-4
+    assert cold.cache_stats()["entries"] == 0 and cold.cache_stats()["bytes"] == 0
+
+
+def test_chunked_prefill_with_the_cache(base: Clef, cold: Clef) -> None:
+    chunked = variant(base, cache_bytes=64 * 1024 * 1024, prefill_chunk=16)
+    a = chunked.prepare(request(STATE, SCHEMA_A))
+    b = chunked.prepare(request(STATE, SCHEMA_B))
+    chunked.decide_encoded([a])
+    hit = chunked.probabilities_encoded([b])
+    assert chunked.last_timings.backbone_tokens == b.input_tokens - b.record.state_end
+    assert max_diff(hit, cold.probabilities_encoded([b])) <= 1e-4
+
+
+def test_tuple_items_use_the_cache_too(clef: Clef) -> None:
+    parsed = clef.parse(request(STATE, SCHEMA_A))
+    record = clef.encode(parsed)
+    clef.decide_encoded([(parsed, record)])
+    clef.decide_encoded([(parsed, record)])
+    assert clef.last_timings.state_hits == 1
+    assert clef.last_timings.backbone_tokens == record.input_tokens - record.state_end
+    assert isinstance(clef.prepare(parsed), PreparedRequest)
+
+
+def test_concurrent_use_from_threads(clef: Clef, cold: Clef) -> None:
+    bodies = [request(f"shared state {i % 3} " * 15, SCHEMA_A if i % 2 else SCHEMA_B) for i in range(12)]
+    expected = [cold.probabilities_encoded([cold.prepare(body)])[0] for body in bodies]
+    results: dict[int, list[list[float]]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker(offset: int) -> None:
+        try:
+            barrier.wait()
+            for index in range(offset, len(bodies), 4):
+                results[index] = clef.probabilities_encoded([clef.prepare(bodies[index])])[0]
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert max_diff([results[i] for i in range(len(bodies))], expected) <= 1e-4
+    stats = clef.cache_stats()
+    assert stats["misses"] == 3 and stats["hits"] == len(bodies) - 3  # three distinct states
