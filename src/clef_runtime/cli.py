@@ -211,12 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(func=_cmd_make_tiny)
 
     serve = sub.add_parser("serve", help="serve the System One API over HTTP")
-    try:
-        from clef_runtime.server.cli import add_serve_arguments
-    except ImportError:  # the server package is optional at import time of the encoder-only CLI
-        add_serve_arguments = None
-    if add_serve_arguments is not None:
-        add_serve_arguments(serve)
+    from clef_runtime.server.cli import add_serve_arguments
+
+    add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="run the benchmark suite")

@@ -206,11 +206,16 @@ def test_unknown_fields_are_ignored() -> None:
         ),
         (
             {
-                "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}],
-                "questions": [PREDICATE],
+                "input": "x",
+                "questions": [{**PREDICATE, "instructions": [{"type": "input_image", "image_url": "d"}]}],
             },
-            ("input", 0, "content", 0),
+            ("questions", 0, "instructions", 0),
             "image_not_supported",
+        ),
+        (
+            {"input": "x", "questions": [{**PREDICATE, "instructions": []}]},
+            ("questions", 0, "instructions"),
+            "too_short",
         ),
         (
             {"input": "x", "questions": [PREDICATE, {**PREDICATE, "name": "a"}, {**PREDICATE, "name": "a"}]},
@@ -345,3 +350,44 @@ def test_error_locations_translate_back_to_the_decisions_body() -> None:
     assert translate_error_loc(("state",), plan) == ("input",)
     assert translate_error_loc(("questions", "nope"), plan) == ("questions",)
     assert translate_error_loc(("model",), plan) == ("model",)
+
+
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def test_input_images_go_to_the_top_level_images_list_and_leave_the_state_alone() -> None:
+    image = {"type": "input_image", "image_url": PNG_URL, "detail": "low"}
+    body = {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is shown?"}, image]}],
+        "questions": [PREDICATE],
+    }
+    systemone = mapped(body)
+    assert systemone["state"] == "What is shown?"
+    assert systemone["images"] == [image]
+    only_image = {"input": [{"role": "user", "content": [image]}], "questions": [PREDICATE]}
+    assert (mapped(only_image)["state"], mapped(only_image)["images"]) == ("", [image])
+    tool = {
+        "input": [
+            {"role": "system", "content": "Judge the screenshot."},
+            {
+                "type": "function_call_output",
+                "call_id": "c",
+                "output": [{"type": "input_text", "text": "ok"}, image],
+            },
+        ],
+        "questions": [PREDICATE],
+    }
+    systemone = mapped(tool)
+    assert systemone["state"][1] == {"type": "function_call_output", "call_id": "c", "output": "ok"}
+    assert systemone["images"] == [image]
+    assert "images" not in mapped({"input": "text only", "questions": [PREDICATE]})
+
+
+def test_an_empty_input_is_refused() -> None:
+    errors = errors_of({"input": [{"role": "user", "content": []}], "questions": [PREDICATE]})
+    assert errors[0]["loc"] == ("input",)
+
+
+def test_image_errors_found_by_the_engine_point_at_input() -> None:
+    plan, _ = _plan_and_answer()
+    assert translate_error_loc(("images", 0), plan) == ("input",)

@@ -20,7 +20,9 @@ The mapping (what the model reads), field by field:
 * ``score.levels[{label, description?}]`` -> ``criteria [level, ...]`` where a level is its label, or
   ``"<label>: <description>"`` when it has a description.
 * ``instructions``: a string as is; an array of parts as one part (its text or JSON) or a JSON array.
-* Images (``input_image``) are refused with 422: this server reads text only.
+* Images (``input_image`` parts of ``input``, inline ``data:`` URLs) go to System One's top-level ``images``
+  list in order (the state is what it would be without them; Clef reads all images in one block after the
+  prompt prefix). Images in ``instructions`` are refused with 422.
 
 Answers: ``predicate {name, probability}``, ``choice {name, choice, confidence, probabilities: [{value,
 probability}]}`` (choices order), ``score {name, score, confidence, probabilities: [{value, label,
@@ -113,10 +115,12 @@ class InputJsonPart(_Part):
 
 
 class InputImagePart(_Part):
-    """Accepted by the schema so the refusal can name the part; the mapping rejects it (text only)."""
+    """An image, as an inline ``data:`` URL (remote URLs and ``file_id`` are refused by the engine)."""
 
     type: Literal["input_image"]
     image_url: str | None = None
+    detail: str | None = None
+    file_id: str | None = None
 
 
 def _part_tag(value: Any) -> str | None:
@@ -536,7 +540,8 @@ def generated_question_id(index: int, taken: set[str]) -> str:
     return f"{base}_{k}"
 
 
-def _parts_value(parts: list[Any], loc: tuple[Any, ...]) -> Any:
+def _pieces(parts: list[Any], loc: tuple[Any, ...], images: list[dict[str, Any]] | None) -> list[Any]:
+    """The text / JSON values of ``parts`` in order; image parts go to ``images`` (refused when None)."""
     pieces: list[Any] = []
     for j, part in enumerate(parts):
         if isinstance(part, InputTextPart | OutputTextPart):
@@ -545,33 +550,38 @@ def _parts_value(parts: list[Any], loc: tuple[Any, ...]) -> Any:
             pieces.append(part.refusal)
         elif isinstance(part, InputJsonPart):
             pieces.append(part.data)
-        else:
+        elif images is None:
             raise RequestValidationError.single(
-                (*loc, j), "images are not supported by this server (text only)", "image_not_supported"
+                (*loc, j), "images are read from `input` only, not from instructions", "image_not_supported"
             )
+        else:
+            images.append(part.model_dump(exclude_none=True))
+    return pieces
+
+
+def _one_or_many(pieces: list[Any]) -> Any:
     if not pieces:
-        raise RequestValidationError.single(loc, "at least one content part is required", "too_short")
+        return ""
     return pieces[0] if len(pieces) == 1 else pieces
 
 
-def _state_of(items: list[Any]) -> Any:
+def _state_of(items: list[Any], images: list[dict[str, Any]]) -> Any:
     if all(isinstance(item, InputMessage) and item.role == "user" for item in items):
         pieces: list[Any] = []
         for i, item in enumerate(items):
-            value = _parts_value(item.content, ("input", i, "content"))
-            if len(item.content) > 1:
-                pieces.extend(value)
-            else:
-                pieces.append(value)
-        return pieces[0] if len(pieces) == 1 else pieces
+            pieces.extend(_pieces(item.content, ("input", i, "content"), images))
+        if not pieces and not images:
+            raise RequestValidationError.single(
+                ("input",), "the input has no text, JSON or image", "too_short"
+            )
+        return _one_or_many(pieces)
     rendered: list[Any] = []
     for i, item in enumerate(items):
         if isinstance(item, InputMessage):
-            rendered.append(
-                {"role": item.role, "content": _parts_value(item.content, ("input", i, "content"))}
-            )
+            content = _one_or_many(_pieces(item.content, ("input", i, "content"), images))
+            rendered.append({"role": item.role, "content": content})
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
-            output = _parts_value(item.output, ("input", i, "output"))
+            output = _one_or_many(_pieces(item.output, ("input", i, "output"), images))
             rendered.append({"type": item.type, "call_id": item.call_id, "output": output})
         else:
             rendered.append(item.model_dump(exclude_none=True))
@@ -611,7 +621,17 @@ def to_systemone(request: DecisionsRequest) -> tuple[dict[str, Any], DecisionPla
         else:
             qid = generated_question_id(i, taken)
             taken.add(qid)
-        instructions = _parts_value(question.instructions, ("questions", i, "instructions"))
+        instruction_pieces = _pieces(question.instructions, ("questions", i, "instructions"), None)
+        if not instruction_pieces:
+            errors.append(
+                {
+                    "loc": ("questions", i, "instructions"),
+                    "msg": "at least one text or JSON part is required",
+                    "type": "too_short",
+                }
+            )
+            continue
+        instructions = _one_or_many(instruction_pieces)
         if isinstance(question, DecisionPredicateQuestion):
             questions[qid] = {"type": "noul", "instructions": instructions}
             planned.append(PlannedQuestion(i, qid, question.name, "predicate"))
@@ -643,7 +663,12 @@ def to_systemone(request: DecisionsRequest) -> tuple[dict[str, Any], DecisionPla
             planned.append(PlannedQuestion(i, qid, question.name, "score", level_labels=labels))
     if errors:
         raise RequestValidationError(errors)
-    body: dict[str, Any] = {"state": _state_of(request.input), "questions": questions}
+    images: list[dict[str, Any]] = []
+    body: dict[str, Any] = {"state": _state_of(request.input, images), "questions": questions}
+    if images:
+        # Cloudflare's top-level list (it takes input_image parts as they are): the state stays exactly what
+        # it would be without the images, and the encoder puts every image in one block after the prefix.
+        body["images"] = images
     if request.model is not None:
         body["model"] = request.model
     return body, DecisionPlan(tuple(planned))
@@ -655,7 +680,7 @@ def translate_error_loc(loc: tuple[Any, ...], plan: DecisionPlan) -> tuple[Any, 
     ``("state", ...)`` -> ``("input",)``. Unknown shapes are returned unchanged."""
     if not loc:
         return loc
-    if loc[0] == "state":
+    if loc[0] in ("state", "images"):
         return ("input",)
     if loc[0] == "questions" and len(loc) >= 2:
         index = plan.index_of(str(loc[1]))

@@ -1,0 +1,197 @@
+"""The FastAPI application factory and the per-request context (request id, metrics, log line, 500s).
+
+``create_app(settings)`` returns an app that starts loading the model in the background when its lifespan
+starts; ``/health`` answers at once, ``/ready`` and the decision routes answer 503 until the model is
+loaded and warmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from clef_runtime import __version__
+from clef_runtime.protocol.decisions import DecisionsRequest
+from clef_runtime.protocol.systemone import SystemOneRequest
+from clef_runtime.server.errors import error_body, install_error_handlers
+from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.routes_decisions import router as decisions_router
+from clef_runtime.server.routes_info import router as info_router
+from clef_runtime.server.routes_systemone import router as systemone_router
+from clef_runtime.server.runtime import EngineFactory, ServerRuntime, load_clef
+from clef_runtime.server.settings import ServerSettings
+
+__all__ = ["RequestContextMiddleware", "create_app"]
+
+logger = logging.getLogger("clef_runtime.server")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics"})
+
+_DESCRIPTION = """\
+Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev) and
+its OpenAI-shaped sibling (`POST /v1/decisions`).
+
+Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`. With API keys
+configured, send `Authorization: Bearer <key>` or `X-API-Key: <key>`. Every response carries `x-request-id`.
+"""
+
+
+class RequestContextMiddleware:
+    """Pure ASGI middleware: a request id on every response, metrics, one log line per request, and a
+    500 body naming the request id for any unhandled exception."""
+
+    def __init__(
+        self, app: ASGIApp, metrics: ServerMetrics, route_paths: frozenset[str] = frozenset()
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        # Our routes have no path parameters, so a known path is its own route template.
+        self.route_paths = route_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        incoming = _header(scope, b"x-request-id")
+        request_id = incoming if incoming and _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["started_at"] = started
+        status: list[int] = []
+
+        async def send_with_context(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                headers = MutableHeaders(scope=message)
+                headers["x-request-id"] = request_id
+                # The official SDKs surface this header in their errors.
+                headers["x-typesafe-request-id"] = request_id
+                headers["x-latency-ms"] = f"{(time.perf_counter() - started) * 1000:.1f}"
+            await send(message)
+
+        self.metrics.inflight.inc()
+        try:
+            await self.app(scope, receive, send_with_context)
+        except Exception:
+            logger.exception("request_id=%s internal error", request_id)
+            if not status:
+                body = error_body(
+                    "internal_error",
+                    f"internal server error; quote request id {request_id} when reporting it",
+                    request_id=request_id,
+                )
+                await JSONResponse(body, status_code=500)(scope, receive, send_with_context)
+        finally:
+            self.metrics.inflight.dec()
+            elapsed = time.perf_counter() - started
+            path = scope.get("path", "")
+            label = path if path in self.route_paths else "unmatched"
+            code = status[0] if status else 500
+            self.metrics.observe_request(label, scope.get("method", ""), code, elapsed)
+            _log_request(scope, state, label, code, elapsed)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _log_request(scope: Scope, state: dict[str, Any], route: str, status: int, elapsed: float) -> None:
+    level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
+    if not logger.isEnabledFor(level):
+        return
+    parts = [
+        f"request_id={state.get('request_id')}",
+        f"{scope.get('method')} {scope.get('path')}",
+        f"status={status}",
+        f"ms={elapsed * 1000:.1f}",
+    ]
+    for key in ("input_tokens", "questions", "truncated_state_tokens", "error_type"):
+        if key in state:
+            parts.append(f"{key}={state[key]}")
+    logger.log(level, " ".join(parts))
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Publish the request schemas that the routes validate by hand (they read raw bodies to support
+    compression and limits, so FastAPI cannot infer them)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (SystemOneRequest, DecisionsRequest):
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(model_schema.pop("$defs", {}))
+            components[model.__name__] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    engine_factory: EngineFactory | None = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """Build the server application.
+
+    ``engine_factory(settings)`` loads the engine (default: ``Clef.load(settings.model, ...)``); it runs on
+    a background thread when the app's lifespan starts. ``on_fatal(exc)`` is called if loading fails (the
+    CLI uses it to stop the process with a non-zero status). Returns the FastAPI app; its ``state`` holds
+    ``settings``, ``runtime`` and ``metrics``.
+    """
+    metrics = ServerMetrics()
+    runtime = ServerRuntime(settings, engine_factory or load_clef, metrics, on_fatal=on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start_loading()
+        try:
+            yield
+        finally:
+            # Runs after uvicorn has finished every accepted request; drains the batcher.
+            await anyio.to_thread.run_sync(runtime.stop)
+
+    app = FastAPI(
+        title="clef-runtime",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.runtime = runtime
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.include_router(systemone_router)
+    app.include_router(decisions_router)
+    app.include_router(info_router)
+    # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.
+    all_routes = [*app.routes, *systemone_router.routes, *decisions_router.routes, *info_router.routes]
+    route_paths = frozenset(
+        path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
+    )
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, route_paths=route_paths)
+    _install_openapi(app)
+    return app

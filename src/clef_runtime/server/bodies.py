@@ -1,0 +1,150 @@
+"""Request bodies: size limits, ``Content-Encoding`` (zstd, gzip, deflate) and strict JSON.
+
+The limit applies twice: to the bytes on the wire (checked against ``Content-Length`` before reading and
+while streaming) and to the decompressed bytes (so a small zstd bomb cannot expand into memory).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from typing import Any
+
+import zstandard
+from starlette.requests import ClientDisconnect, Request
+
+from clef_runtime.server.errors import ApiError
+
+__all__ = ["ClientGone", "decode_content", "parse_json", "read_body"]
+
+
+class ClientGone(Exception):
+    """The client disconnected while its body was being read."""
+
+
+def _too_large(limit: int, what: str) -> ApiError:
+    return ApiError(
+        413,
+        "request_too_large",
+        f"the request body {what} exceeds the limit of {limit} bytes (--max-body-bytes)",
+        extra={"limit": limit},
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the raw (possibly compressed) body, refusing more than ``limit`` bytes.
+
+    Returns the bytes. Raises :class:`ApiError` 413 when the declared or actual length is over the limit,
+    400 for a malformed ``Content-Length``, and :class:`ClientGone` when the client disconnects.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ApiError(400, "invalid_request_error", f"malformed Content-Length header: {declared!r}")
+        if int(declared) > limit:
+            raise _too_large(limit, f"({declared} bytes)")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit, "")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
+    return b"".join(chunks)
+
+
+def _decode_one(data: bytes, encoding: str, limit: int) -> bytes:
+    if encoding == "zstd":
+        try:
+            # stream_reader does not need the frame to declare its content size, and read(limit + 1)
+            # stops expanding a bomb as soon as it is over the limit.
+            with zstandard.ZstdDecompressor().stream_reader(
+                io.BytesIO(data), read_across_frames=True
+            ) as reader:
+                out = reader.read(limit + 1)
+        except zstandard.ZstdError as exc:
+            raise ApiError(
+                400, "invalid_request_error", f"the zstd body cannot be decompressed: {exc}"
+            ) from None
+    elif encoding in ("gzip", "x-gzip", "deflate"):
+        # gzip: wbits 16+MAX; deflate is zlib-wrapped per RFC 9110 (raw deflate tried as a fallback).
+        candidates = [16 + zlib.MAX_WBITS] if encoding != "deflate" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+        out = b""
+        for wbits in candidates:
+            try:
+                decompressor = zlib.decompressobj(wbits)
+                out = decompressor.decompress(data, limit + 1)
+                if len(out) <= limit and not decompressor.eof:
+                    raise zlib.error("truncated stream")
+                break
+            except zlib.error as exc:
+                if wbits == candidates[-1]:
+                    raise ApiError(
+                        400, "invalid_request_error", f"the {encoding} body cannot be decompressed: {exc}"
+                    ) from None
+    else:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"unsupported Content-Encoding {encoding!r}; use zstd, gzip, deflate or none",
+        )
+    if len(out) > limit:
+        raise _too_large(limit, "after decompression")
+    return out
+
+
+def decode_content(data: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (a comma-separated list, applied in order, so undone in reverse).
+
+    Returns the decoded bytes. Raises :class:`ApiError` 415 for an unknown coding, 400 for corrupt data
+    and 413 when the decoded body exceeds ``limit``.
+    """
+    if not content_encoding:
+        return data
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        data = _decode_one(data, coding, limit)
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(data: bytes) -> Any:
+    """Parse a body as strict JSON (UTF-8, no NaN/Infinity).
+
+    Returns the value. Raises :class:`ApiError` 422 with FastAPI's ``json_invalid`` shape on any problem.
+    """
+
+    def invalid(position: int | None, reason: str) -> ApiError:
+        loc: tuple[Any, ...] = ("body",) if position is None else ("body", position)
+        return ApiError(
+            422,
+            "invalid_request_error",
+            f"JSON decode error: {reason}",
+            validation=[{"loc": loc, "msg": f"JSON decode error: {reason}", "type": "json_invalid"}],
+        )
+
+    if not data.strip():
+        raise invalid(None, "the request body is empty")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(exc.start, "the body is not UTF-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a BOM is tolerated, as many HTTP clients on Windows send one
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise invalid(exc.pos, exc.msg) from None
+    except ValueError as exc:
+        raise invalid(None, str(exc)) from None
+    except RecursionError:
+        raise invalid(None, "the JSON is nested too deeply") from None

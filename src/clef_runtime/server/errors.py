@@ -1,0 +1,162 @@
+"""Error bodies and the one place where exceptions become HTTP responses.
+
+Two body shapes, as TypeSafe's API and FastAPI use them:
+
+* validation (422): ``{"detail": [{"loc": ["body", ...], "msg": str, "type": str}, ...]}``
+* everything else: ``{"detail": {"error_type": str, "message": str}}`` (plus optional extra keys such as
+  ``request_id``, ``input_tokens``, ``limit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError as FastAPIValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestValidationError
+
+__all__ = [
+    "ApiError",
+    "error_body",
+    "install_error_handlers",
+    "too_long_error",
+    "validation_body",
+    "validation_error",
+]
+
+_STATUS_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "queue_full",
+    499: "client_closed_request",
+    500: "internal_error",
+    503: "not_ready",
+}
+
+
+class ApiError(Exception):
+    """An HTTP error with the ``{"detail": {"error_type", "message"}}`` body (or a validation list)."""
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        validation: Sequence[ErrorItem] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+        self.validation = list(validation) if validation is not None else None
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of this error."""
+        if self.validation is not None:
+            return validation_body(self.validation)
+        return error_body(self.error_type, self.message, **self.extra)
+
+    def response(self) -> JSONResponse:
+        """This error as a response."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
+    """``{"detail": {"error_type": error_type, "message": message, **extra}}``."""
+    return {"detail": {"error_type": error_type, "message": message, **extra}}
+
+
+def _jsonable_loc(loc: Sequence[Any]) -> list[str | int]:
+    return [part if isinstance(part, int) and not isinstance(part, bool) else str(part) for part in loc]
+
+
+def validation_body(errors: Sequence[ErrorItem]) -> dict[str, Any]:
+    """``{"detail": [{"loc": ["body", ...], "msg", "type"}]}``; ``body`` is prefixed when missing."""
+    detail = []
+    for err in errors:
+        loc = _jsonable_loc(err.get("loc", ()))
+        if loc[:1] != ["body"]:
+            loc = ["body", *loc]
+        detail.append(
+            {"loc": loc, "msg": str(err.get("msg", "")), "type": str(err.get("type", "value_error"))}
+        )
+    return {"detail": detail}
+
+
+def validation_error(errors: Sequence[ErrorItem]) -> ApiError:
+    """A 422 carrying ``errors`` (locations relative to the body)."""
+    first = errors[0] if errors else {"msg": "invalid request"}
+    return ApiError(422, "invalid_request_error", str(first.get("msg")), validation=errors)
+
+
+def too_long_error(exc: InputTooLongError) -> ApiError:
+    """The 413 for an input over the token limit, naming the counts."""
+    return ApiError(
+        413,
+        exc.error_type,
+        exc.message,
+        extra={"input_tokens": exc.input_tokens, "limit": exc.limit},
+    )
+
+
+def from_protocol_error(exc: RequestValidationError) -> ApiError:
+    """Map the protocol layer's validation errors: input too long -> 413, everything else -> 422."""
+    if isinstance(exc, InputTooLongError):
+        return too_long_error(exc)
+    return validation_error(exc.errors)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every error the shapes above."""
+
+    async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        error_type = _STATUS_ERROR_TYPES.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(
+            error_body(error_type, message), status_code=exc.status_code, headers=dict(exc.headers or {})
+        )
+
+    async def handle_fastapi_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, FastAPIValidationError)
+        errors = [
+            {"loc": tuple(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        # FastAPI's own locations already start with body/query/header.
+        detail = [
+            {"loc": _jsonable_loc(e["loc"]), "msg": str(e["msg"]), "type": str(e["type"])} for e in errors
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    async def handle_protocol_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return from_protocol_error(exc).response()
+
+    app.add_exception_handler(ApiError, handle_api_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_exception)
+    app.add_exception_handler(FastAPIValidationError, handle_fastapi_validation)
+    app.add_exception_handler(RequestValidationError, handle_protocol_error)

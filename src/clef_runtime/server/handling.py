@@ -1,0 +1,175 @@
+"""Steps shared by the decision routes: auth, body decoding, response extras, body logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from clef_runtime.server.bodies import ClientGone as BodyClientGone
+from clef_runtime.server.bodies import decode_content, parse_json, read_body
+from clef_runtime.server.errors import ApiError, error_body
+from clef_runtime.server.runtime import Prepared, ServerRuntime
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "BodyClientGone",
+    "authenticate",
+    "client_gone_response",
+    "finish",
+    "note",
+    "read_json_body",
+    "runtime_of",
+]
+
+logger = logging.getLogger("clef_runtime.server")
+
+_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
+
+
+def _error_doc(description: str) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "properties": {
+            "detail": {
+                "type": "object",
+                "properties": {"error_type": {"type": "string"}, "message": {"type": "string"}},
+                "required": ["error_type", "message"],
+            }
+        },
+    }
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_VALIDATION_DOC = {
+    "description": "Validation error (also malformed JSON)",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "detail": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "loc": {
+                                    "type": "array",
+                                    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                },
+                                "msg": {"type": "string"},
+                                "type": {"type": "string"},
+                            },
+                            "required": ["loc", "msg", "type"],
+                        },
+                    }
+                },
+            }
+        }
+    },
+}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error_doc("Undecodable body (corrupt compression, bad Content-Length)"),
+    401: _error_doc("Missing or wrong API key (auth on)"),
+    413: _error_doc("Body over --max-body-bytes, or input over the token limit with --on-overflow reject"),
+    415: _error_doc("Unsupported Content-Encoding or form/multipart body"),
+    422: _VALIDATION_DOC,
+    429: _error_doc("Queue full; see Retry-After"),
+    500: _error_doc("Internal error; the message names the request id"),
+    503: _error_doc("Model not loaded yet (or shutting down); see Retry-After"),
+}
+
+
+def runtime_of(request: Request) -> ServerRuntime:
+    """The app's :class:`ServerRuntime`."""
+    runtime: ServerRuntime = request.app.state.runtime
+    return runtime
+
+
+def authenticate(request: Request) -> None:
+    """Raise :class:`ApiError` 401 unless the request may proceed (always passes with auth off)."""
+    runtime_of(request).keys.check(request.headers)
+
+
+async def read_json_body(request: Request) -> Any:
+    """Read, decompress and parse the JSON body within the configured limits.
+
+    Returns the decoded JSON value. Raises :class:`ApiError` (400/413/415/422) or
+    :class:`BodyClientGone` when the client disconnects mid-body.
+    """
+    runtime = runtime_of(request)
+    limit = runtime.settings.max_body_bytes
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith(_FORM_TYPES):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {content_type.split(';')[0]!r} is not supported; send a JSON body "
+            "(image assets / multipart requests are not supported)",
+        )
+    raw = await read_body(request, limit)
+    encoding = request.headers.get("content-encoding")
+
+    def decode() -> Any:
+        return parse_json(decode_content(raw, encoding, limit))
+
+    # Decompression and parsing of a multi-megabyte body take milliseconds: keep them off the event loop.
+    data = await anyio.to_thread.run_sync(decode)
+    if runtime.settings.log_requests:
+        logger.info(
+            "request_id=%s request_body=%s",
+            request.state.request_id,
+            json.dumps(data, ensure_ascii=False, separators=(",", ":")),
+        )
+    return data
+
+
+def note(request: Request, **fields: Any) -> None:
+    """Attach fields to the request's log line."""
+    for key, value in fields.items():
+        setattr(request.state, key, value)
+
+
+def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONResponse:
+    """Add the ``x_`` extras to a response body and return it as JSON.
+
+    ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
+    left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
+    header carries it there).
+    """
+    runtime = runtime_of(request)
+    out = dict(body)
+    out["x_truncated_state_tokens"] = prepared.truncated_state_tokens
+    if not runtime.settings.deterministic:
+        started = getattr(request.state, "started_at", time.perf_counter())
+        out["x_latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    types = prepared.question_types
+    for kind in types:
+        runtime.metrics.questions.labels(kind).inc()
+    runtime.metrics.input_tokens.observe(prepared.input_tokens)
+    if prepared.truncated_state_tokens:
+        runtime.metrics.truncated.inc()
+    note(
+        request,
+        input_tokens=prepared.input_tokens,
+        questions=len(types),
+        truncated_state_tokens=prepared.truncated_state_tokens,
+    )
+    response = JSONResponse(out)
+    if runtime.settings.log_requests:
+        logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))
+    return response
+
+
+def client_gone_response(request: Request) -> Response:
+    """The response for a client that went away (never delivered; 499 in logs and metrics, as nginx)."""
+    note(request, error_type="client_closed_request")
+    return JSONResponse(
+        error_body("client_closed_request", "the client closed the connection"), status_code=499
+    )

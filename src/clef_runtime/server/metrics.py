@@ -1,0 +1,149 @@
+"""Prometheus metrics, on a registry of their own (one per app, so tests can build many apps).
+
+Names use the ``clef_`` prefix. Route labels are route templates (``/v1/systemone``) or ``unmatched``, so a
+scanner probing random paths cannot blow up the label set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from clef_runtime.engine.scheduler import BatchStats
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+_CACHE_GAUGES = frozenset({"entries", "bytes", "capacity_bytes"})
+
+
+class _EngineCacheCollector(Collector):
+    """Exports the engine's state-cache statistics when the engine reports them (``cache_stats() -> {name:
+    n}``): sizes (``entries``, ``bytes``, ``capacity_bytes``) as gauges ``clef_cache_<name>``, everything else
+    (hits, misses, shared, stores, evictions, tokens_saved) as counters ``clef_cache_<name>_total``."""
+
+    def __init__(self, source: Callable[[], Mapping[str, float] | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            stats = self._source() or {}
+        except Exception:  # a failing engine hook must not break /metrics
+            stats = {}
+        for name, value in sorted(stats.items()):
+            safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(name))
+            family: Metric
+            if safe in _CACHE_GAUGES:
+                family = GaugeMetricFamily(f"clef_cache_{safe}", f"Engine state cache: {name}.")
+            else:
+                family = CounterMetricFamily(f"clef_cache_{safe}", f"Engine state cache: {name}.")
+            family.add_metric([], float(value))
+            yield family
+
+
+class ServerMetrics:
+    """All metrics of one server instance."""
+
+    def __init__(self) -> None:
+        # The *_created series double the output and no dashboard reads them.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "clef_requests",
+            "HTTP requests by route, method and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "clef_request_duration_seconds",
+            "Time from request arrival to response, by route.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "clef_input_tokens", "Input tokens per answered request.", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.truncated = Counter(
+            "clef_truncated_requests",
+            "Requests whose state was truncated to fit the token limit.",
+            registry=r,
+        )
+        self.questions = Counter("clef_questions", "Questions answered, by type.", ["type"], registry=r)
+        self.batch_size = Histogram(
+            "clef_batch_size", "Requests per engine call.", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.batch_padded_tokens = Histogram(
+            "clef_batch_padded_tokens",
+            "Padded tokens (longest x size) per engine call.",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "clef_batch_duration_seconds", "Engine time per call.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.batch_failures = Counter(
+            "clef_batch_failures", "Engine calls that raised (items are then retried alone).", registry=r
+        )
+        self.queue_wait = Histogram(
+            "clef_queue_wait_seconds",
+            "Time a request waited for the engine.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("clef_queue_depth", "Requests waiting for the engine.", registry=r)
+        self.running = Gauge("clef_running_requests", "Requests in the engine call now.", registry=r)
+        self.inflight = Gauge("clef_inflight_requests", "HTTP requests being handled.", registry=r)
+        self.rejected = Counter(
+            "clef_rejected_requests", "Requests refused before compute, by reason.", ["reason"], registry=r
+        )
+        self.disconnected = Counter(
+            "clef_client_disconnects", "Requests whose client went away before the answer.", registry=r
+        )
+        self.ready = Gauge("clef_model_ready", "1 when the model is loaded and warmed.", registry=r)
+        self.load_seconds = Gauge(
+            "clef_model_load_seconds", "Seconds spent loading and warming the model.", registry=r
+        )
+
+    def bind_queue(self, depth: Callable[[], float], running: Callable[[], float]) -> None:
+        """Read queue depth and running count from the scheduler at scrape time."""
+        self.queue_depth.set_function(depth)
+        self.running.set_function(running)
+
+    def bind_engine_cache(self, source: Callable[[], Mapping[str, float] | None]) -> None:
+        """Export the engine's cache counters (if it has any) at scrape time."""
+        self.registry.register(_EngineCacheCollector(source))
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        """Record one engine call (the scheduler's ``on_batch`` observer)."""
+        self.batch_size.observe(stats.size)
+        self.batch_padded_tokens.observe(stats.padded_tokens)
+        self.batch_seconds.observe(stats.seconds)
+        if stats.failed:
+            self.batch_failures.inc()
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Record one finished HTTP request."""
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

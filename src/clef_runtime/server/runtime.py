@@ -1,0 +1,409 @@
+"""The server's engine side: background loading, encoding off the event loop, the batcher, and waiting
+for an answer while watching the client.
+
+Nothing here builds HTTP responses; failures are raised as :class:`ApiError` or protocol errors and the
+error handlers turn them into bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from starlette.requests import Request
+
+from clef_runtime.engine.scheduler import DynamicBatcher, QueueFullError, SchedulerClosedError
+from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
+from clef_runtime.server.auth import KeyChecker
+from clef_runtime.server.errors import ApiError
+from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.settings import ServerSettings
+
+__all__ = [
+    "ClientGone",
+    "DecisionEngine",
+    "EngineFactory",
+    "Prepared",
+    "ServerRuntime",
+    "load_clef",
+]
+
+logger = logging.getLogger("clef_runtime.server")
+
+RuntimeState = Literal["loading", "ready", "failed", "stopping"]
+
+
+class DecisionEngine(Protocol):
+    """What the server needs of an engine; :class:`clef_runtime.engine.clef.Clef` provides it."""
+
+    name: str
+    description: str
+    release_date: str | None
+    max_length: int
+
+    def parse(self, request: Any) -> Any: ...
+
+    def encode(self, request: Any) -> Any: ...
+
+    # Optional: ``prepare(body) -> PreparedRequest`` (``.request``, ``.record``; images decoded). Used when
+    # present, because ``parse`` drops a request's images.
+
+    def decide_encoded(self, items: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]]: ...
+
+    def warmup(self) -> None: ...
+
+
+EngineFactory = Callable[[ServerSettings], DecisionEngine]
+
+
+def load_clef(settings: ServerSettings) -> DecisionEngine:
+    """Load the model named by ``settings.model`` with the settings' engine options (the default factory).
+
+    Returns the loaded ``Clef``. Raises whatever ``Clef.load`` raises (missing files, bad revision, ...).
+    """
+    from clef_runtime.engine.clef import Clef
+
+    return Clef.load(settings.model, **settings.engine_options())
+
+
+class Arrival:
+    """One request on its way to the batcher; :meth:`done` (idempotent) when it is submitted or fails."""
+
+    def __init__(self, runtime: ServerRuntime) -> None:
+        self._runtime = runtime
+        self._done = False
+
+    def done(self) -> None:
+        """Stop counting this request as arriving."""
+        if not self._done:
+            self._done = True
+            self._runtime._arrival_done()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; the work was dropped if it had not started."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated and encoded request, ready for the batcher."""
+
+    request: Any
+    """The engine's parsed request (``SystemOneRequest``)."""
+    record: Any
+    """The engine's ``EncodedRecord``."""
+    item: Any
+    """What goes to ``decide_encoded``: the engine's ``PreparedRequest`` (with its images), or the
+    ``(request, record)`` tuple for an engine without ``prepare``."""
+
+    @property
+    def input_tokens(self) -> int:
+        """Tokens the engine will compute."""
+        return int(self.record.input_tokens)
+
+    @property
+    def truncated_state_tokens(self) -> int:
+        """State tokens cut to fit the token limit (0 when nothing was cut)."""
+        return int(getattr(self.record, "truncated_state_tokens", 0))
+
+    @property
+    def question_types(self) -> list[str]:
+        """The type of every question, in order."""
+        questions = getattr(self.request, "questions", {}) or {}
+        return [str(getattr(q, "type", "unknown")) for q in questions.values()]
+
+
+class ServerRuntime:
+    """Owns the engine and the batcher for one server process."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        engine_factory: EngineFactory,
+        metrics: ServerMetrics,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.keys = KeyChecker(settings.api_keys)
+        self._factory = engine_factory
+        self._on_fatal = on_fatal
+        self._lock = threading.Lock()
+        self._state: RuntimeState = "loading"
+        self._engine: DecisionEngine | None = None
+        self._batcher: DynamicBatcher[Any, dict[str, Any]] | None = None
+        self._failure: str | None = None
+        self._load_started = time.monotonic()
+        self._loader: threading.Thread | None = None
+        # Requests between arrival and submission to the batcher (read by the batcher's worker thread;
+        # only the event loop thread changes it).
+        self._arriving = 0
+        # One encode thread: fast tokenizers are not safe to share across threads ("Already borrowed"),
+        # and encoding costs milliseconds next to the model's seconds.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-encode")
+        metrics.bind_queue(self._queue_depth, self._running)
+        metrics.bind_engine_cache(self._engine_cache_stats)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def state(self) -> RuntimeState:
+        """``loading``, ``ready``, ``failed`` or ``stopping``."""
+        return self._state
+
+    @property
+    def engine(self) -> DecisionEngine | None:
+        """The loaded engine, or None before it is ready."""
+        return self._engine
+
+    @property
+    def failure(self) -> str | None:
+        """Why loading failed, if it did."""
+        return self._failure
+
+    def start_loading(self) -> None:
+        """Load and warm the engine on a background thread (the server answers /health meanwhile)."""
+        if self._loader is not None:
+            return
+        self._load_started = time.monotonic()
+        # Daemon: a SIGTERM during a long download must not wait for it.
+        self._loader = threading.Thread(target=self._load, name="clef-loader", daemon=True)
+        self._loader.start()
+
+    def wait_until_loaded(self, timeout: float | None = None) -> bool:
+        """Block until loading has finished (ready or failed). Returns True when ready."""
+        if self._loader is not None:
+            self._loader.join(timeout)
+        return self._state == "ready"
+
+    def _load(self) -> None:
+        settings = self.settings
+        logger.info("loading model %r", settings.model)
+        try:
+            engine = self._factory(settings)
+            logger.info("warming up %r", getattr(engine, "name", settings.model))
+            engine.warmup()
+        except BaseException as exc:
+            self._failure = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                if self._state == "loading":
+                    self._state = "failed"
+            logger.exception("loading model %r failed", settings.model)
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            return
+        batcher: DynamicBatcher[Any, dict[str, Any]] = DynamicBatcher(
+            lambda items: engine.decide_encoded(items),
+            max_queue=settings.max_queue,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_size=settings.max_batch_size,
+            window_s=settings.batch_window_ms / 1000.0,
+            deterministic=settings.deterministic,
+            on_batch=self.metrics.observe_batch,
+            arrivals=lambda: self._arriving,
+        )
+        batcher.start()
+        seconds = time.monotonic() - self._load_started
+        with self._lock:
+            if self._state != "loading":  # stopped while loading
+                batcher.close(drain=False)
+                return
+            self._engine = engine
+            self._batcher = batcher
+            self._state = "ready"
+        self.metrics.ready.set(1)
+        self.metrics.load_seconds.set(seconds)
+        logger.info("model %r ready in %.1f s", getattr(engine, "name", settings.model), seconds)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting work, finish what was accepted, release the threads."""
+        with self._lock:
+            self._state = "stopping"
+            batcher = self._batcher
+        self.metrics.ready.set(0)
+        if batcher is not None:
+            batcher.close(drain=True, timeout=timeout)
+        self._encoder.shutdown(wait=True)
+
+    # --------------------------------------------------------------------------------------- helpers
+
+    def _queue_depth(self) -> float:
+        return float(self._batcher.queue_depth) if self._batcher is not None else 0.0
+
+    def _running(self) -> float:
+        return float(self._batcher.running) if self._batcher is not None else 0.0
+
+    def _engine_cache_stats(self) -> Mapping[str, float] | None:
+        stats = getattr(self._engine, "cache_stats", None)
+        return stats() if callable(stats) else None
+
+    def queue_depth(self) -> int:
+        """Requests waiting for the engine."""
+        return int(self._queue_depth())
+
+    def require_ready(self) -> DecisionEngine:
+        """The engine, or :class:`ApiError` 503 ``not_ready`` (with Retry-After) when it is not loaded."""
+        engine = self._engine
+        if self._state == "ready" and engine is not None:
+            return engine
+        if self._state == "failed":
+            raise ApiError(503, "not_ready", f"the model failed to load: {self._failure}")
+        if self._state == "stopping":
+            raise ApiError(503, "not_ready", "the server is shutting down", headers={"Retry-After": "5"})
+        waited = time.monotonic() - self._load_started
+        raise ApiError(
+            503,
+            "not_ready",
+            f"the model {self.settings.model!r} is loading ({waited:.0f} s so far); retry shortly",
+            headers={"Retry-After": "2"},
+        )
+
+    # --------------------------------------------------------------------------------------- pipeline
+
+    async def run_encoder(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the encode thread and return its result (exceptions propagate)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._encoder, fn)
+
+    def prepare_sync(self, engine: DecisionEngine, data: Any) -> Prepared:
+        """Validate and encode a System One body, enforcing the token limit.
+
+        Returns the prepared request. Raises :class:`RequestValidationError` (422) or
+        :class:`InputTooLongError` (413) before any model work.
+        """
+        prepare = getattr(engine, "prepare", None)
+        if callable(prepare):
+            item = prepare(data)
+            prepared = Prepared(item.request, item.record, item)
+        else:
+            request = engine.parse(data)
+            record = engine.encode(request)
+            prepared = Prepared(request, record, (request, record))
+        limit = self.settings.input_token_limit
+        full = prepared.input_tokens + prepared.truncated_state_tokens
+        if self.settings.on_overflow == "reject" and prepared.truncated_state_tokens > 0:
+            raise InputTooLongError(
+                ("state",),
+                f"the input is {full} tokens, over the limit of {limit} (--max-input-tokens); the server "
+                "rejects instead of truncating (--on-overflow reject)",
+                input_tokens=full,
+                limit=limit,
+            )
+        if prepared.input_tokens > limit:  # only if the engine did not honour max_length itself
+            raise InputTooLongError(
+                (),
+                f"the input is {prepared.input_tokens} tokens, over the limit of {limit}",
+                input_tokens=prepared.input_tokens,
+                limit=limit,
+            )
+        return prepared
+
+    async def prepare(self, data: Any) -> Prepared:
+        """:meth:`prepare_sync` on the encode thread."""
+        engine = self.require_ready()
+        return await self.run_encoder(lambda: self.prepare_sync(engine, data))
+
+    @contextlib.contextmanager
+    def arrival(self) -> Iterator[Arrival]:
+        """Mark a request as on its way to the batcher (so the batcher waits for it) until it is submitted
+        by :meth:`decide` or fails; use around reading, validating and encoding the body."""
+        arrival = Arrival(self)
+        self._arriving += 1
+        try:
+            yield arrival
+        finally:
+            arrival.done()
+
+    def _arrival_done(self) -> None:
+        self._arriving -= 1
+        if self._arriving == 0 and self._batcher is not None:
+            self._batcher.wake()
+
+    async def decide(
+        self, prepared: Prepared, request: Request | None, arrival: Arrival | None = None
+    ) -> dict[str, Any]:
+        """Queue a prepared request and wait for its answer, dropping it if the client goes away.
+
+        Returns the engine's System One response dict. Raises :class:`ApiError` 429 (queue full, with
+        Retry-After) or 503 (shutting down), :class:`ClientGone`, protocol errors raised by the engine, or
+        the engine's own exception (an internal error).
+        """
+        self.require_ready()
+        batcher = self._batcher
+        assert batcher is not None
+        if arrival is not None:
+            arrival.done()  # before submit: the worker then sees the final count when it wakes
+        try:
+            future = batcher.submit(prepared.item, prepared.input_tokens)
+        except QueueFullError as exc:
+            self.metrics.rejected.labels("queue_full").inc()
+            retry_after = max(1, min(60, math.ceil(exc.retry_after_s)))
+            raise ApiError(
+                429,
+                "queue_full",
+                f"the server is busy ({exc.queued} requests waiting, --max-queue {batcher.max_queue}); "
+                f"retry in about {retry_after} s",
+                headers={"Retry-After": str(retry_after)},
+            ) from None
+        except SchedulerClosedError:
+            raise ApiError(503, "not_ready", "the server is shutting down") from None
+        queued_at = time.monotonic()
+        answer = asyncio.wrap_future(future)
+        watcher = asyncio.ensure_future(_wait_for_disconnect(request)) if request is not None else None
+        try:
+            waiting = {answer} if watcher is None else {answer, watcher}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if answer not in done:
+                # Cancel the batcher's future itself, now: answer.cancel() alone would only schedule that on
+                # the event loop, and the worker could pick the item up in between.
+                future.cancel()  # drops the item if the batcher has not started it
+                answer.cancel()
+                self.metrics.disconnected.inc()
+                raise ClientGone()
+        except asyncio.CancelledError:
+            future.cancel()
+            answer.cancel()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
+        self.metrics.queue_wait.observe(time.monotonic() - queued_at)
+        try:
+            return answer.result()
+        except SchedulerClosedError:
+            raise ApiError(503, "not_ready", "the server shut down before answering") from None
+        except (RequestValidationError, ApiError):
+            raise
+        except ClefError as exc:
+            raise ApiError(400, exc.error_type, exc.message) from None
+        except Exception as exc:
+            # Out of memory is capacity, not a bad request: 503 so clients back off and retry.
+            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+                self.metrics.rejected.labels("out_of_memory").inc()
+                raise ApiError(
+                    503,
+                    "overloaded",
+                    "the engine ran out of memory on this request; retry later or send a shorter input",
+                    headers={"Retry-After": "5"},
+                ) from None
+            raise
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Return when the client disconnects. Only call after the body was read: the next ASGI message is
+    then either the disconnect or nothing until the response is sent."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return

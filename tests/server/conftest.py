@@ -1,0 +1,99 @@
+"""Fixtures for the fast API tests: an app around the fake engine, in-process (TestClient) or on a real
+loopback socket (uvicorn in a thread)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from clef_runtime.server.app import create_app
+from clef_runtime.server.settings import ServerSettings
+from tests.server.fake_engine import FakeClef
+
+
+@dataclass
+class Served:
+    client: TestClient
+    app: FastAPI
+    engine: FakeClef
+    settings: ServerSettings
+
+
+def build_app(settings: ServerSettings, engine: FakeClef) -> FastAPI:
+    return create_app(settings, engine_factory=lambda s: engine)
+
+
+@pytest.fixture
+def serve_fake() -> Iterator[Callable[..., Served]]:
+    """``serve_fake(engine=None, **settings)`` -> a started app with a ready fake engine."""
+    with ExitStack() as stack:
+
+        def start(engine: FakeClef | None = None, **overrides: Any) -> Served:
+            settings = ServerSettings(**{"model": "fake", **overrides})
+            engine = engine or FakeClef(max_length=settings.input_token_limit)
+            app = build_app(settings, engine)
+            client = stack.enter_context(TestClient(app, raise_server_exceptions=False))
+            assert app.state.runtime.wait_until_loaded(10)
+            return Served(client, app, engine, settings)
+
+        yield start
+
+
+@pytest.fixture
+def client(serve_fake: Callable[..., Served]) -> TestClient:
+    """A client of a default app (auth off, default limits) with a fake engine."""
+    return serve_fake().client
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    url: str
+    port: int
+    app: FastAPI
+    engine: FakeClef
+    server: uvicorn.Server
+
+
+@pytest.fixture
+def live_fake() -> Iterator[Callable[..., LiveServer]]:
+    """``live_fake(engine, **settings)`` -> uvicorn serving the fake engine on a free loopback port, in a
+    thread (signals are not installed off the main thread)."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(engine: FakeClef, **overrides: Any) -> LiveServer:
+        port = free_port()
+        settings = ServerSettings(**{"model": "fake", "port": port, **overrides})
+        app = build_app(settings, engine)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 10
+        while not (server.started and app.state.runtime.state == "ready"):
+            assert time.monotonic() < deadline, "live server did not start"
+            time.sleep(0.01)
+        return LiveServer(f"http://127.0.0.1:{port}", port, app, engine, server)
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)

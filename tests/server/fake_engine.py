@@ -1,0 +1,172 @@
+"""A dummy engine with the real engine's interface, for API tests that run in milliseconds.
+
+Tokens are whitespace-separated words of the rendered text (so tests can build inputs of an exact length).
+Answers are pseudo-random but a pure function of the request: the same request always gets the same
+answer, different requests (almost surely) different ones, which lets tests check that every response went
+to the request that asked for it. A request whose state contains ``FAIL_MARKER`` makes ``decide_encoded``
+raise, to test failure isolation; ``delay_s`` makes each engine call slow, to fill queues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clef_runtime.protocol.errors import InputTooLongError
+from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+
+FAIL_MARKER = "__fake_engine_fail__"
+PREFIX_TOKENS = 5
+SUFFIX_TOKENS = 3
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def words(value: Any) -> list[str]:
+    """The fake tokenizer: whitespace-separated words of the rendered value."""
+    return _render(value).split()
+
+
+@dataclass(frozen=True)
+class FakeRecord:
+    input_ids: tuple[int, ...]
+    questions: tuple[str, ...]
+    truncated_state_tokens: int
+    state_end: int
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+def schema_tokens(request: SystemOneRequest) -> int:
+    """Tokens of everything but the state: prefix, one per question id, its instructions and criteria."""
+    total = PREFIX_TOKENS + SUFFIX_TOKENS
+    for qid, question in request.questions.items():
+        total += 1 + len(words(qid)) + len(words(question.instructions or qid))
+        criteria = getattr(question, "criteria", None)
+        if criteria is not None:
+            total += len(words(criteria))
+    return total
+
+
+class FakeClef:
+    """Quacks like ``clef_runtime.engine.clef.Clef`` as far as the server is concerned."""
+
+    untrained = True
+
+    def __init__(
+        self,
+        *,
+        max_length: int = 16384,
+        delay_s: float = 0.0,
+        name: str = "fake-clef",
+        release_date: str | None = None,
+        warmup_s: float = 0.0,
+    ) -> None:
+        self.name = name
+        self.description = "Fake engine for API tests (untrained: answers are pseudo-random)."
+        self.release_date = release_date
+        self.max_length = max_length
+        self.delay_s = delay_s
+        self.warmup_s = warmup_s
+        self.batches: list[list[str]] = []  # the states of every engine call, in order
+        self._lock = threading.Lock()
+        self.calls_in_progress = 0
+        self.max_concurrent_calls = 0
+
+    def parse(self, request: Any) -> SystemOneRequest:
+        return parse_request(request)
+
+    def encode(self, request: Any) -> FakeRecord:
+        parsed = self.parse(request)
+        fixed = schema_tokens(parsed)
+        if fixed > self.max_length:
+            raise InputTooLongError(
+                ("questions",),
+                f"the questions alone are {fixed} tokens, over max_length {self.max_length}",
+                input_tokens=fixed,
+                limit=self.max_length,
+            )
+        state_words = words(parsed.state)
+        budget = self.max_length - fixed
+        kept = min(len(state_words), budget)
+        ids = tuple(range(fixed + kept))
+        return FakeRecord(ids, tuple(parsed.questions), len(state_words) - kept, PREFIX_TOKENS + kept)
+
+    def warmup(self) -> None:
+        time.sleep(self.warmup_s)
+
+    def decide(self, request: Any) -> dict[str, Any]:
+        parsed = self.parse(request)
+        return self.decide_encoded([(parsed, self.encode(parsed))])[0]
+
+    def decide_encoded(self, items: Sequence[tuple[SystemOneRequest, FakeRecord]]) -> list[dict[str, Any]]:
+        with self._lock:
+            self.calls_in_progress += 1
+            self.max_concurrent_calls = max(self.max_concurrent_calls, self.calls_in_progress)
+            self.batches.append([_render(request.state) for request, _ in items])
+        try:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            for request, _ in items:
+                if FAIL_MARKER in _render(request.state):
+                    raise RuntimeError("fake engine failure")
+            return [self._answer(request, record) for request, record in items]
+        finally:
+            with self._lock:
+                self.calls_in_progress -= 1
+
+    def _answer(self, request: SystemOneRequest, record: FakeRecord) -> dict[str, Any]:
+        answers: dict[str, Any] = {}
+        for qid, question in request.questions.items():
+            seed_text = _render(request.state) + "\x00" + qid + "\x00" + question.model_dump_json()
+            rng = random.Random(hashlib.sha256(seed_text.encode()).digest())
+            answers[qid] = expected_answer(question, rng)
+        return {
+            "model": request.model or self.name,
+            "answers": answers,
+            "usage": {"input_tokens": record.input_tokens, "output_tokens": 0},
+        }
+
+
+def _distribution(rng: random.Random, n: int) -> list[float]:
+    weights = [rng.random() + 0.01 for _ in range(n)]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def expected_answer(question: Any, rng: random.Random) -> dict[str, Any]:
+    """A System One answer of the question's type, with values drawn from ``rng``, rounded as the
+    reference (4 decimals)."""
+    if question.type == "noul":
+        return {"type": "noul", "noul": round(rng.random(), 4)}
+    if question.type == "choice":
+        keys = list(question.criteria)
+        probs = _distribution(rng, len(keys))
+        best = max(range(len(keys)), key=lambda i: probs[i])
+        return {
+            "type": "choice",
+            "choice": keys[best],
+            "confidence": round(probs[best], 4),
+            "probabilities": {k: round(p, 4) for k, p in zip(keys, probs, strict=True)},
+        }
+    levels = list(question.criteria)
+    probs = _distribution(rng, len(levels))
+    return {
+        "type": "score",
+        "score": round(sum(i * p for i, p in enumerate(probs)), 4),
+        "confidence": round(max(probs), 4),
+        "legend": {str(i): level for i, level in enumerate(levels)},
+        "probabilities": {str(i): round(p, 4) for i, p in enumerate(probs)},
+    }
