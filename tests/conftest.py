@@ -11,3 +11,9 @@ os.environ.setdefault(
     "CLEF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "clef-cache")
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Flush-to-zero and the thread setup must happen before torch's first parallel operation, or OpenMP worker
+# threads keep computing with denormals (~100x slower in the DeltaNet decay); the CLI does the same.
+from clef_runtime.model.kernels import configure_cpu_threads
+
+configure_cpu_threads()

@@ -121,6 +121,7 @@ def _load_clef(args: argparse.Namespace) -> Any:
         device=args.device,
         prefill_chunk=args.prefill_chunk,
         max_length=args.max_length,
+        weights=args.weights,
     )
 
 
@@ -175,6 +176,12 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="run the backbone in calls of N tokens over the hybrid cache (default: one pass)",
+    )
+    parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", "fp32", "bf16-storage"],
+        help="CPU weight storage: fp32 when it fits, else bf16 storage with fp32 compute (default: auto)",
     )
 
 
@@ -231,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clef`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("decide", "serve", "bench"):
+        # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
+        from clef_runtime.model.kernels import configure_cpu_threads
+
+        configure_cpu_threads()
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -228,11 +228,14 @@ class Clef:
         cache_mb: float | None = None,
         image_mode: str = "native",
         image_max_tokens: int | None = DEFAULT_MAX_TOKENS,
+        weights: str = "auto",
     ) -> Clef:
         """Load ``model``: ``"tiny"``, a local release directory, or a Hugging Face repo id with an optional
         ``@revision``. Nothing from the checkpoint is executed; weights come from safetensors only.
 
         ``prefill_chunk``: run the backbone in calls of at most this many tokens (None: whole rows).
+        ``weights`` (CPU): ``"auto"`` keeps fp32 weights when they fit in memory, else bf16 storage with fp32
+        compute; ``"fp32"`` / ``"bf16-storage"`` force one.
         ``pad_last_chunk``: the seed's readout (one row at a time, fixed chunks from zero states, the last
         one padded); it bypasses the state cache. ``cache_mb``: the state-cache budget in MiB (None: 10% of
         the available memory, at most 4 GiB; 0: no state is stored). ``image_mode``: ``native`` (the
@@ -251,7 +254,9 @@ class Clef:
         if resolved.is_tiny:
             logger.warning("model %r is UNTRAINED (random weights): its answers are meaningless", model)
         info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
-        backbone = Backbone.load(resolved.path, device=device, info=info, check_memory=check_memory)
+        backbone = Backbone.load(
+            resolved.path, device=device, info=info, check_memory=check_memory, weights=weights
+        )
         tokenizer = ClefTokenizer.load(resolved.path)
         head = JointSchemaHead.from_files(resolved.path, device=backbone.device)
         lexical = LexicalTable.from_safetensors(resolved.path)

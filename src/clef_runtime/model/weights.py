@@ -1,0 +1,344 @@
+"""bf16 weight storage with fp32 compute on CPU, and the automatic choice between it and fp32.
+
+The 9B release needs ~32 GB for its text stack in fp32 and does not fit a 24 GB machine; in bf16 it
+needs half. On CPUs without fast bf16 matmuls (AVX2 only), bf16 GEMMs run ~7x slower than fp32,
+so the weights are *stored* in bf16 and every ``nn.Linear`` converts its weight to fp32 right
+before its matmul. Activations, norms, the conv, the DeltaNet decays and RoPE stay fp32, so the
+result equals an fp32 model whose Linear weights were rounded to bf16.
+
+The conversion goes into a scratch buffer that is reused by every Linear of the model (a fresh
+200 MB fp32 tensor per matmul would be mapped and page-faulted in again on every call under
+glibc's default allocator settings). Two ways to schedule it are provided:
+
+- ``strategy="linear"``: each Linear converts its own weight into the shared scratch just before
+  its matmul (scratch = the largest weight, 201 MB at the 9B width).
+- ``strategy="layer"``: a forward pre-hook on each decoder layer converts all of that layer's
+  Linear weights at once into a scratch the size of the largest layer (0.87 GB at the 9B width);
+  the Linears then read their slices (a Linear outside the decoder layers converts into a fresh
+  tensor).
+
+``benchmarks/bench_weights.py`` measures both against fp32 and pure bf16.
+
+``compute_dtype=torch.bfloat16`` is a third option for CPUs with bf16 matrix units (AMX /
+AVX512-BF16, see :func:`has_fast_bf16_matmul`): the Linear inputs are rounded to bf16 and the
+matmul runs in bf16 with fp32 accumulation, with fp32 activations everywhere else. It changes
+results (activations rounded at every Linear), so it is never chosen automatically.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "WeightMode",
+    "apply_bf16_storage",
+    "choose_weight_mode",
+    "has_fast_bf16_matmul",
+    "parameter_bytes",
+    "set_linear_compute_dtype",
+]
+
+WeightMode = Literal["fp32", "bf16-storage"]
+Strategy = Literal["linear", "layer"]
+
+# Memory beyond the weights that a prefill needs: torch runtime, activations of a few thousand
+# tokens at the 9B width (~1-2 GB at T = 1024-4096), the fp32 scratch of bf16 storage (<= 0.9 GB)
+# and allocator slack (the glibc settings recommended for speed keep freed memory mapped).
+_FIXED_HEADROOM_BYTES = 3 * (1 << 30)
+_PROPORTIONAL_HEADROOM = 0.10
+
+_STATE_ATTRIBUTE = "_clef_bf16_storage"
+
+
+def choose_weight_mode(
+    param_bytes_fp32: int,
+    available_bytes: int,
+    *,
+    headroom_bytes: int | None = None,
+) -> WeightMode:
+    """Pick fp32 weights when they fit with headroom, else bf16 storage with fp32 compute.
+
+    fp32 is preferred when it fits: bf16 storage pays a weight conversion per matmul (3-30 % of
+    the prefill time on the 9B width, more for short prompts) and rounds the weights to bf16.
+
+    Args:
+        param_bytes_fp32: bytes of all parameters if stored in fp32 (4 x parameter count).
+        available_bytes: memory the process may use (e.g. MemAvailable).
+        headroom_bytes: memory to keep free beyond the weights; default 3 GiB + 10 % of the fp32
+            weights (activations, scratch, allocator slack).
+
+    Returns:
+        ``"fp32"`` if ``param_bytes_fp32 + headroom`` fits in ``available_bytes``, else
+        ``"bf16-storage"`` (whether *that* fits is for the caller's memory check to decide).
+
+    Raises:
+        ValueError: if a byte count is negative.
+    """
+    if param_bytes_fp32 < 0 or available_bytes < 0 or (headroom_bytes is not None and headroom_bytes < 0):
+        raise ValueError("byte counts must be non-negative")
+    if headroom_bytes is None:
+        headroom_bytes = _FIXED_HEADROOM_BYTES + int(_PROPORTIONAL_HEADROOM * param_bytes_fp32)
+    return "fp32" if param_bytes_fp32 + headroom_bytes <= available_bytes else "bf16-storage"
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Return the bytes held by ``model``'s parameters (each counted once) in their current dtypes."""
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def has_fast_bf16_matmul(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Return True if this x86 CPU has bf16 matrix/dot-product instructions (AMX-BF16 or AVX512-BF16).
+
+    Without them (e.g. AVX2-only Zen 3) torch's bf16 GEMM runs ~7x slower than fp32; with AMX it
+    ran ~6x *faster* than fp32 (930 vs 160 GFLOP/s on a 2-core Sapphire Rapids VM). Returns False
+    when the flags cannot be read (non-Linux, non-x86).
+    """
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return bool(flags & {"amx_bf16", "avx512_bf16"})
+    return False
+
+
+class _Fp32Scratch:
+    """One growable fp32 buffer shared by the Linears of a model, plus the lock that serialises its use."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.float32)
+        self.lock = threading.RLock()
+
+    def reserve(self, numel: int) -> None:
+        if self.buffer.numel() < numel:
+            self.buffer = torch.empty(numel, dtype=torch.float32)
+
+    def upcast(self, weight: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Copy ``weight`` into the buffer at ``offset`` (growing it if needed) and return the fp32 view."""
+        end = offset + weight.numel()
+        self.reserve(end)
+        view = self.buffer[offset:end].view(weight.shape)
+        view.copy_(weight)
+        return view
+
+
+def _linear_forward_per_linear(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """fp32 Linear on a bf16-stored weight: convert into the shared scratch, then matmul."""
+    scratch: _Fp32Scratch = self._clef_scratch
+    with scratch.lock:
+        weight = scratch.upcast(self.weight)
+        return F.linear(hidden_states.float(), weight, self.bias)
+
+
+def _linear_forward_layer_prepared(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """fp32 Linear reading the fp32 copy its decoder layer's pre-hook prepared.
+
+    Outside its layer's forward (or for a Linear in no decoder layer) it converts into a fresh
+    tensor: the shared scratch may hold a running layer's weights.
+    """
+    weight = self._clef_prepared_weight
+    if weight is None:
+        weight = self.weight.float()
+    return F.linear(hidden_states.float(), weight, self.bias)
+
+
+def _linear_forward_bf16_compute(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """bf16 matmul (fp32 accumulation inside the GEMM) on bf16 weights, fp32 output."""
+    bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+    return F.linear(hidden_states.to(torch.bfloat16), self.weight, bias).float()
+
+
+def _embedding_forward(self: nn.Embedding, input_ids: torch.Tensor) -> torch.Tensor:
+    """Gather bf16 rows, return them in fp32."""
+    rows = F.embedding(
+        input_ids,
+        self.weight,
+        self.padding_idx,
+        self.max_norm,
+        self.norm_type,
+        self.scale_grad_by_freq,
+        self.sparse,
+    )
+    return rows.float()
+
+
+def _layer_pre_hook(layer: nn.Module, args: object) -> None:
+    """Convert all bf16 Linear weights of ``layer`` into the scratch before the layer runs."""
+    scratch: _Fp32Scratch = layer._clef_scratch
+    # Held until the post-hook: the prepared fp32 views live in the shared scratch.
+    scratch.lock.acquire()
+    layer._clef_holding_scratch = True
+    try:
+        offset = 0
+        for linear in layer._clef_linears:
+            linear._clef_prepared_weight = scratch.upcast(linear.weight, offset)
+            offset += linear.weight.numel()
+    except BaseException:
+        _layer_post_hook(layer, args, None)
+        raise
+
+
+def _layer_post_hook(layer: nn.Module, args: object, output: object) -> None:
+    """Drop the layer's fp32 views and release the scratch (safe to call twice)."""
+    if not getattr(layer, "_clef_holding_scratch", False):
+        return
+    for linear in layer._clef_linears:
+        linear._clef_prepared_weight = None
+    layer._clef_holding_scratch = False
+    layer._clef_scratch.lock.release()
+
+
+def _restore_rotary_inv_freq(module: nn.Module) -> None:
+    """Recompute an fp32 RoPE ``inv_freq`` if a cast to bf16 rounded it (it is not in the state dict)."""
+    inv_freq = getattr(module, "inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype == torch.float32:
+        return
+    config = getattr(module, "config", None)
+    rope_type = getattr(module, "rope_type", "default")
+    if config is not None and rope_type == "default" and hasattr(module, "compute_default_rope_parameters"):
+        fresh, _ = module.compute_default_rope_parameters(config)
+    elif config is not None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        fresh, _ = ROPE_INIT_FUNCTIONS[rope_type](config)
+    else:
+        fresh = inv_freq.float()
+    module.inv_freq = fresh.to(device=inv_freq.device, dtype=torch.float32)
+    if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+        module.original_inv_freq = module.inv_freq.clone()
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The elements of every ``layers`` ModuleList (transformers' decoder stacks)."""
+    found: list[nn.Module] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.split(".")[-1] == "layers":
+            found.extend(module)
+    return found
+
+
+def apply_bf16_storage(
+    model: nn.Module,
+    *,
+    strategy: Strategy = "linear",
+    compute_dtype: torch.dtype = torch.float32,
+    include_embeddings: bool = True,
+) -> None:
+    """Store every ``nn.Linear`` (and ``nn.Embedding``) weight in bf16; compute in fp32.
+
+    In place, on CPU models. Linear weights become bf16 parameters; Linear biases, norms, the
+    conv, ``A_log``/``dt_bias`` and every other floating parameter or buffer become fp32, and a
+    RoPE ``inv_freq`` rounded by an earlier bf16 cast is recomputed in fp32. Each Linear then
+    converts its weight to fp32 just before its matmul (see the module docstring for the two
+    strategies) and returns fp32; an Embedding gathers bf16 rows and returns them in fp32. Feed
+    the model fp32 activations (``inputs_embeds``) or ids. Calling it twice is an error.
+
+    Args:
+        model: the module tree (e.g. a ``Qwen3_5TextModel``).
+        strategy: ``"linear"`` (per-matmul conversion) or ``"layer"`` (per-decoder-layer
+            conversion); only used with fp32 compute.
+        compute_dtype: ``torch.float32`` (default), or ``torch.bfloat16`` for bf16 matmuls with
+            fp32 activations elsewhere (fast only where :func:`has_fast_bf16_matmul`).
+        include_embeddings: also keep ``nn.Embedding`` weights in bf16 (the 9B's 1B-row table).
+
+    Raises:
+        ValueError: on an unknown strategy or compute dtype, or if already applied.
+    """
+    if strategy not in ("linear", "layer"):
+        raise ValueError(f"unknown strategy {strategy!r}")
+    if compute_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}")
+    if getattr(model, _STATE_ATTRIBUTE, False):
+        raise ValueError("bf16 storage is already applied to this model")
+
+    scratch = _Fp32Scratch()
+    linears: list[nn.Linear] = []
+    stored_in_bf16: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.weight.data = module.weight.data.to(torch.bfloat16)
+            stored_in_bf16.add(id(module.weight))
+            linears.append(module)
+        elif isinstance(module, nn.Embedding) and include_embeddings:
+            module.weight.data = module.weight.data.to(torch.bfloat16)
+            stored_in_bf16.add(id(module.weight))
+            module.forward = types.MethodType(_embedding_forward, module)
+    # Everything else that is floating point (biases, norms, conv, A_log, dt_bias, buffers): fp32.
+    for parameter in model.parameters():
+        if id(parameter) not in stored_in_bf16 and parameter.is_floating_point():
+            parameter.data = parameter.data.float()
+    for module in model.modules():
+        _restore_rotary_inv_freq(module)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != torch.float32:
+                setattr(module, name, buffer.float())
+
+    for linear in linears:
+        linear._clef_scratch = scratch
+    setattr(model, _STATE_ATTRIBUTE, strategy)
+    if strategy == "layer" and compute_dtype == torch.float32:
+        for linear in linears:
+            linear._clef_prepared_weight = None
+            linear.forward = types.MethodType(_linear_forward_layer_prepared, linear)
+        _install_layer_hooks(model, scratch)
+    else:
+        set_linear_compute_dtype(model, compute_dtype)
+
+
+def set_linear_compute_dtype(model: nn.Module, compute_dtype: torch.dtype) -> None:
+    """Switch the Linears of a bf16-storage model between fp32 and bf16 matmuls.
+
+    For a model prepared by :func:`apply_bf16_storage` with ``strategy="linear"``: fp32 converts
+    each weight into the shared scratch (allocated at its final size on first use of fp32);
+    bf16 runs the matmul in bf16 with fp32 activations around it.
+
+    Raises:
+        ValueError: if the model has no bf16 storage, uses ``strategy="layer"``, or the dtype is
+            neither float32 nor bfloat16.
+    """
+    if compute_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}")
+    strategy = getattr(model, _STATE_ATTRIBUTE, None)
+    if strategy != "linear":
+        raise ValueError(
+            f"needs a model prepared by apply_bf16_storage(strategy='linear'), found {strategy!r}"
+        )
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and hasattr(m, "_clef_scratch")]
+    if compute_dtype == torch.bfloat16:
+        for linear in linears:
+            linear.forward = types.MethodType(_linear_forward_bf16_compute, linear)
+        return
+    for linear in linears:
+        linear.forward = types.MethodType(_linear_forward_per_linear, linear)
+    if linears:
+        # Allocate the shared scratch once, at its final size, before the first forward.
+        linears[0]._clef_scratch.reserve(max(linear.weight.numel() for linear in linears))
+
+
+def _install_layer_hooks(model: nn.Module, scratch: _Fp32Scratch) -> None:
+    largest_layer = 0
+    for layer in _decoder_layers(model):
+        layer_linears = [module for module in layer.modules() if isinstance(module, nn.Linear)]
+        if not layer_linears:
+            continue
+        layer._clef_scratch = scratch
+        layer._clef_linears = layer_linears
+        layer.register_forward_pre_hook(_layer_pre_hook)
+        layer.register_forward_hook(_layer_post_hook, always_call=True)
+        largest_layer = max(largest_layer, sum(linear.weight.numel() for linear in layer_linears))
+    scratch.reserve(largest_layer)
