@@ -371,3 +371,13 @@ def test_image_modes(clef: Clef) -> None:
     check_response(body, g256.decide(body), g256.encode(body).input_tokens)
     with pytest.raises(ValueError, match="image mode"):
         Clef.load("tiny", image_mode="g999")
+
+
+def test_model_compute_does_not_leak_flush_to_zero_into_request_handling(clef: Clef) -> None:
+    # The backbone flushes denormals to zero for speed; request parsing must keep IEEE semantics, or a
+    # subnormal number in a state would be rendered as 0.0 and the prompt would differ from the reference's.
+    clef.decide(REQUESTS[1])
+    request = json.loads('{"state": {"tiny": 1e-310}, "questions": {"q": {"type": "noul"}}}')
+    assert request["state"]["tiny"] != 0.0
+    ids = clef.encode(request).input_ids
+    assert clef.tokenizer.decode(ids).count("1e-310") == 1

@@ -48,6 +48,7 @@ from clef_runtime.engine.state_cache import StateCache, state_key
 from clef_runtime.model.backbone import Backbone, BackboneState, Continuation
 from clef_runtime.model.checkpoint import verify_checkpoint
 from clef_runtime.model.head import HeadLayout, JointSchemaHead, probabilities
+from clef_runtime.model.kernels import flush_denormals
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
@@ -407,7 +408,7 @@ class Clef:
         work = [self._as_prepared(item) for item in items]
         if not work:
             return []
-        with self._model_lock, torch.inference_mode():
+        with self._model_lock, flush_denormals(), torch.inference_mode():
             started = time.perf_counter()
             hiddens, batch = self._run_backbone(work)
             self._account(work, batch, backbone_s=time.perf_counter() - started, head_s=0.0)
@@ -438,7 +439,7 @@ class Clef:
 
     def _probabilities(self, work: Sequence[PreparedRequest]) -> list[list[list[float]]]:
         records = [w.record for w in work]
-        with self._model_lock, torch.inference_mode():
+        with self._model_lock, flush_denormals(), torch.inference_mode():
             t0 = time.perf_counter()
             hiddens, batch = self._run_backbone(work)
             t1 = time.perf_counter()

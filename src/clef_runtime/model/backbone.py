@@ -44,6 +44,7 @@ from clef_runtime.model.checkpoint import (
     CheckpointInfo,
     verify_checkpoint,
 )
+from clef_runtime.model.kernels import flush_denormals
 
 __all__ = [
     "ENDOFTEXT_ID",
@@ -534,7 +535,7 @@ class Backbone:
         rows)`` block of image rows (vision-tower output, [n, hidden]) written over the token embeddings at
         ``offset .. offset + n - 1``. Raises ValueError for a block that does not fit the row."""
         ids = _as_id_tensor(input_ids)
-        with torch.inference_mode():
+        with flush_denormals(), torch.inference_mode():
             embeds = self._embed(ids)
             self._merge_image_rows(embeds, image_rows, int(ids.shape[0]), "embeddings")
         return embeds
@@ -596,7 +597,7 @@ class Backbone:
         if prefill_chunk is not None and prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         planes = self._positions(length, position_ids)
-        with torch.inference_mode():
+        with flush_denormals(), torch.inference_mode():
             if inputs_embeds is not None:
                 embeds = inputs_embeds.detach()
                 if embeds.dim() == 3 and embeds.shape[0] == 1:
@@ -634,7 +635,7 @@ class Backbone:
         for row, ids in enumerate(sequences):
             padded[row, : ids.shape[0]] = ids
         planes = torch.arange(longest, dtype=torch.long).expand(3, longest)
-        with torch.inference_mode():
+        with flush_denormals(), torch.inference_mode():
             rows = self._run(self._embed(padded), planes, longest, prefill_chunk, False)
             rows = rows.to(device="cpu", dtype=torch.float32)
         return [rows[row, :length].clone() for row, length in enumerate(lengths)]
@@ -692,7 +693,7 @@ class Backbone:
         if prefill_chunk is not None:
             cuts |= set(range(prefill_chunk, longest, prefill_chunk))
         captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot, ...]] = {}
-        with torch.inference_mode():
+        with flush_denormals(), torch.inference_mode():
             embeds = self._embed(padded)
             for number, row in enumerate(rows):
                 self._merge_image_rows(embeds[number], row.image_rows, lengths[number], f"row {number}")

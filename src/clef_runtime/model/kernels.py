@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -102,7 +103,9 @@ def configure_cpu_threads(num_threads: int | None = None, *, flush_denormal: boo
     9B-shaped layer spent most of its delta-rule time on denormals. The flag lives in each
     thread's MXCSR and OpenMP worker threads copy it when they are created, so this must run
     before the first parallel torch operation of the process (creating tensors of more than a
-    few thousand elements counts); later, only the calling thread is affected.
+    few thousand elements counts). It starts the pool with flushing on, then turns flushing off
+    again in the calling thread: model code runs under :func:`flush_denormals`, everything else
+    (JSON parsing, rendering) keeps IEEE semantics.
 
     Args:
         num_threads: intra-op threads; ``None`` means every CPU in the process's affinity mask.
@@ -121,13 +124,35 @@ def configure_cpu_threads(num_threads: int | None = None, *, flush_denormal: boo
             num_threads = os.cpu_count() or 1
     if num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-    if flush_denormal:
-        torch.set_flush_denormal(True)
     torch.set_num_threads(num_threads)
     # Only allowed before the first inter-op parallel work; later calls keep what is set.
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
+    if flush_denormal:
+        global _POOL_FLUSHES_DENORMALS
+        with flush_denormals():
+            # Start the OpenMP pool now so its workers copy flush-to-zero into their own MXCSR.
+            torch.mm(torch.ones(256, 256), torch.ones(256, 256))
+        _POOL_FLUSHES_DENORMALS = True
     return torch.get_num_threads()
+
+
+_POOL_FLUSHES_DENORMALS = False
+
+
+@contextlib.contextmanager
+def flush_denormals() -> Iterator[None]:
+    """Flush denormals to zero in the calling thread for the duration of the block (model compute).
+
+    Kept out of the rest of the process on purpose: with flush-to-zero on, Python itself parses
+    ``1e-310`` as ``0.0``, which would change how a request's JSON is rendered into the prompt.
+    The OpenMP workers set up by :func:`configure_cpu_threads` keep flushing on their own.
+    """
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def causal_conv1d(

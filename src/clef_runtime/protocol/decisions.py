@@ -325,7 +325,9 @@ class DecisionsRequest(BaseModel):
     input: Annotated[
         list[InputItem],
         Field(min_length=1),
-        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}),
+        WithJsonSchema(
+            {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]}
+        ),
     ] = Field(description="A string, or an ordered array of messages and tool items.")
     questions: Annotated[list[DecisionQuestion], Field(min_length=1, max_length=MAX_QUESTIONS)]
 

@@ -1,0 +1,241 @@
+"""Faults the server must survive, beyond tests/server/test_live.py (client disconnects, SIGTERM) and
+tests/server/test_conformance.py (the same on the tiny model):
+
+* a worker exception in one request of a batch: that request gets 500 naming its request id, its batch
+  mates are retried alone and answered with their own answers;
+* a batch too large for memory (MemoryError / torch.OutOfMemoryError from the engine): the batch is split
+  and answered; a request that does not fit even alone gets 503 ``overloaded`` with Retry-After, and the
+  server keeps serving;
+* a missing, truncated or mismatched checkpoint file under ``clef serve``: the process exits 1 with the
+  file named, and ``/ready`` is never 200 meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from clef_runtime.model.resolve import resolve_model, tiny_cache_path
+from tests.server.conftest import Served, free_port
+from tests.server.fake_engine import FAIL_MARKER, FakeClef
+from tests.server.test_api import REQUEST, assert_error_shape, post
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class GatedEngine(FakeClef):
+    """The first engine call waits for ``gate`` so that the requests sent meanwhile queue up and go to the
+    next call together, as one batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.first_entered = threading.Event()
+
+    def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
+        if not self.first_entered.is_set():
+            self.first_entered.set()
+            assert self.gate.wait(20)
+        return super().decide_encoded(items)
+
+
+def send_behind_a_held_call(
+    served: Served, engine: GatedEngine, bodies: Sequence[dict[str, Any]]
+) -> tuple[Any, list[Any]]:
+    """Hold the engine with a first request, queue ``bodies``, release. Returns (first response,
+    responses to ``bodies`` in order)."""
+    runtime = served.app.state.runtime
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        first = pool.submit(post, served.client, {**REQUEST, "state": "holder"})
+        assert engine.first_entered.wait(10)
+        futures = [pool.submit(post, served.client, body) for body in bodies]
+        deadline = time.monotonic() + 10
+        while runtime.queue_depth() < len(bodies):
+            assert time.monotonic() < deadline, "requests did not queue"
+            time.sleep(0.002)
+        engine.gate.set()
+        return first.result(20), [future.result(20) for future in futures]
+
+
+def test_a_worker_exception_fails_only_its_request_and_batch_mates_are_retried_alone(
+    serve_fake: Callable[..., Served],
+) -> None:
+    engine = GatedEngine()
+    served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
+    bodies = [{**REQUEST, "state": f"mate {i}"} for i in range(5)]
+    bodies.insert(2, {**REQUEST, "state": f"bad {FAIL_MARKER}"})
+    first, responses = send_behind_a_held_call(served, engine, bodies)
+    assert first.status_code == 200
+    failing = responses.pop(2)
+    detail = assert_error_shape(failing, 500, "internal_error")
+    assert detail["request_id"] == failing.headers["x-request-id"] in detail["message"]
+    mates = bodies[:2] + bodies[3:]
+    for body, response in zip(mates, responses, strict=True):
+        assert response.status_code == 200
+        assert response.json()["answers"] == FakeClef().decide(body)["answers"]
+    states = sorted(body["state"] for body in bodies)  # arrival order is up to the threads
+    assert sorted(engine.batches[1]) == states  # they shared one engine call, which failed ...
+    assert all(len(batch) == 1 for batch in engine.batches[2:])  # ... and each was retried alone
+    assert sorted(batch[0] for batch in engine.batches[2:]) == states
+    # The shared call and the failing request's retry alone.
+    assert "clef_batch_failures_total 2.0" in served.client.get("/metrics").text
+
+
+class MemoryBoundEngine(GatedEngine):
+    """Runs out of memory on any call of more than ``fits`` requests, and on a request whose state
+    contains ``HUGE`` even alone; ``error`` is the exception class raised."""
+
+    def __init__(self, error: type[BaseException], fits: int = 1) -> None:
+        super().__init__()
+        self.error = error
+        self.fits = fits
+
+    def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
+        states = [str(request.state) for request, _ in items]
+        if self.first_entered.is_set() and (len(items) > self.fits or any("HUGE" in s for s in states)):
+            with self._lock:
+                self.batches.append(states)
+            raise self.error("out of memory (simulated)")
+        return super().decide_encoded(items)
+
+
+@pytest.mark.parametrize("error", [MemoryError, torch.OutOfMemoryError], ids=["MemoryError", "torch-OOM"])
+def test_a_batch_too_large_for_memory_is_split_and_a_request_too_large_alone_is_503(
+    serve_fake: Callable[..., Served], error: type[BaseException]
+) -> None:
+    engine = MemoryBoundEngine(error)
+    served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
+    bodies = [{**REQUEST, "state": f"row {i}"} for i in range(4)] + [{**REQUEST, "state": "HUGE input"}]
+    first, responses = send_behind_a_held_call(served, engine, bodies)
+    assert first.status_code == 200
+    for body, response in zip(bodies[:4], responses[:4], strict=True):
+        assert response.status_code == 200
+        assert response.json()["answers"] == FakeClef().decide(body)["answers"]
+    refused = assert_error_shape(responses[4], 503, "overloaded")
+    assert "memory" in refused["message"]
+    assert responses[4].headers["retry-after"]
+    assert len(engine.batches[1]) == 5  # the batch that did not fit
+    assert post(served.client, {**REQUEST, "state": "afterwards"}).status_code == 200
+    assert 'clef_rejected_requests_total{reason="out_of_memory"} 1.0' in served.client.get("/metrics").text
+
+
+# ------------------------------------------------------------------------------------ checkpoint faults
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.unlink()  # a symlink into the shared tiny checkpoint: never write through it
+    path.write_bytes(data)
+
+
+def _missing_shard(directory: Path) -> str:
+    (directory / "model-00002-of-00003.safetensors").unlink()
+    return "model-00002-of-00003.safetensors"
+
+
+def _truncated_shard(directory: Path) -> str:
+    path = directory / "model-00001-of-00003.safetensors"
+    data = path.read_bytes()
+    _replace(path, data[: len(data) // 2])
+    return "model-00001-of-00003.safetensors"
+
+
+def _mismatched_head(directory: Path) -> str:
+    path = directory / "joint_head_config.json"
+    config = json.loads(path.read_text())
+    config["width"] *= 2  # the head's tensors no longer have the shapes its config declares
+    _replace(path, json.dumps(config).encode())
+    return "joint_head.safetensors"
+
+
+def _swapped_shard(directory: Path) -> str:
+    path = directory / "model-00003-of-00003.safetensors"
+    _replace(path, (directory / "joint_head.safetensors").read_bytes())
+    return "model-00003-of-00003.safetensors"
+
+
+@pytest.fixture(scope="module")
+def tiny_directory() -> Path:
+    return resolve_model("tiny").path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damage",
+    [_missing_shard, _truncated_shard, _mismatched_head, _swapped_shard],
+    ids=["missing", "truncated", "mismatched-head", "swapped-shard"],
+)
+def test_a_damaged_checkpoint_stops_clef_serve_naming_the_file(
+    tmp_path: Path, tiny_directory: Path, damage: Callable[[Path], str]
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_directory, checkpoint, copy_function=os.symlink)
+    named = damage(checkpoint)
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("CLEF_")}
+    command = [
+        sys.executable,
+        "-m",
+        "clef_runtime.cli",
+        "serve",
+        "--model",
+        str(checkpoint),
+        "--port",
+        str(port),
+    ]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ready_codes: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "clef serve did not exit"
+            with contextlib.suppress(httpx.TransportError):
+                ready_codes.append(httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code)
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+    log = process.stdout.read().decode() if process.stdout else ""
+    assert process.returncode == 1, log
+    assert str(checkpoint / named) in log
+    assert 200 not in ready_codes  # never a half-loaded model serving answers
+    assert tiny_cache_path().is_dir()  # the shared checkpoint was not touched
+
+
+def test_while_stopping_accepted_requests_finish_and_new_ones_get_503(
+    serve_fake: Callable[..., Served],
+) -> None:
+    """The drain half of SIGTERM (the signal itself is tested in tests/server/test_live.py): once the
+    runtime is stopping, a new request is 503 ``not_ready`` with Retry-After, the accepted one still 200."""
+    engine = GatedEngine()
+    served = serve_fake(engine, batch_window_ms=0)
+    runtime = served.app.state.runtime
+    with ThreadPoolExecutor(2) as pool:
+        accepted = pool.submit(post, served.client, {**REQUEST, "state": "accepted"})
+        assert engine.first_entered.wait(10)
+        stopping = pool.submit(runtime.stop, 20)
+        deadline = time.monotonic() + 10
+        while runtime.state != "stopping":
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        refused = post(served.client, {**REQUEST, "state": "too late"})
+        detail = assert_error_shape(refused, 503, "not_ready")
+        assert "shutting down" in detail["message"] and refused.headers["retry-after"]
+        engine.gate.set()
+        assert accepted.result(20).status_code == 200
+        stopping.result(20)
+    assert [state for batch in engine.batches for state in batch] == ["accepted"]
