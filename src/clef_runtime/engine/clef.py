@@ -72,6 +72,10 @@ DEFAULT_CACHE_SHARE = 0.10
 DEFAULT_CACHE_CAP = 4 * 1024**3
 
 
+_MAX_COLD_SNAPSHOTS = 4
+"""Most new states one batched call stores in the state cache (each one splits the batch's calls)."""
+
+
 def default_cache_bytes(device: torch.device) -> int:
     """The default state-cache budget for ``device``: 10% of the memory available now (host MemAvailable on
     CPU, free GPU memory on CUDA: the cached K/V and DeltaNet states live on the model's device), capped at
@@ -505,7 +509,14 @@ class Clef:
             # One representative per cold state, all in one batch from the prefix, each snapshotted at its
             # own state_end (extend() splits the calls there) when the state will be stored or shared.
             representatives = [work[groups[key][0]] for key in cold]
-            keep = [cache.enabled or len(groups[key]) > 1 for key in cold]
+            # Every snapshot splits the batched calls at its row's state_end; bound the number of splits so a
+            # batch of many different new states stays a few calls (states shared in the batch always split).
+            keep = [len(groups[key]) > 1 for key in cold]
+            budget = _MAX_COLD_SNAPSHOTS - sum(keep)
+            for i in range(len(cold)):
+                if not keep[i] and cache.enabled and budget > 0:
+                    keep[i] = True
+                    budget -= 1
             image_rows = self._image_rows(representatives, batch)
             rows = []
             for w, images, snapshot in zip(representatives, image_rows, keep, strict=True):
