@@ -1,0 +1,193 @@
+"""``clef bench``: the quick run on the tiny model, the in-benchmark baseline, the medium geometry, the
+padding measurement and the random-checkpoint writer it builds the medium model with."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from clef_runtime.bench import (
+    MEDIUM_HEAD_CONFIG,
+    MEDIUM_TEXT_OVERRIDES,
+    SECTIONS,
+    ReferenceBaseline,
+    backbone_flops,
+    evaluate_targets,
+    make_state,
+    padding_waste,
+    request_of_length,
+)
+from clef_runtime.cli import main
+from clef_runtime.engine.clef import Clef
+from clef_runtime.model.backbone import Backbone
+from clef_runtime.model.checkpoint import verify_checkpoint
+from clef_runtime.model.head import HeadLayout
+from clef_runtime.model.tiny import make_random_checkpoint, random_checkpoint_config
+
+
+@pytest.fixture(scope="module")
+def tiny_clef() -> Clef:
+    return Clef.load("tiny", device="cpu")
+
+
+@pytest.mark.slow
+def test_quick_bench_on_tiny_writes_json_and_markdown(tmp_path: Path) -> None:
+    json_path, markdown_path = tmp_path / "bench.json", tmp_path / "bench.md"
+    status = main(
+        ["bench", "--quick", "--model", "tiny", "--json", str(json_path), "--markdown", str(markdown_path)]
+    )
+    assert status == 0
+    report = json.loads(json_path.read_text())
+    assert report["mode"] == "quick"
+    assert report["model"]["spec"] == "tiny"
+    assert set(report["sections"]) == set(SECTIONS) - {"gemm"}
+    assert report["gemm"]["best_gflops"] > 0
+    assert len(report["load_average"]["start"]) == 3
+    assert set(report["sections"]["latency"]) == {"256", "512", "1024"}
+    for value in report["sections"]["latency"].values():
+        for side in ("engine", "baseline"):
+            assert value[side]["p50_s"] > 0
+            assert value[side]["peak_rss_mib"] > 0
+            assert value[side]["backbone_gemm_fraction"] > 0
+    # The engine and the reference-way baseline compute the same answers (rounded to 4 decimals).
+    assert report["parity_max_abs_diff"] <= 2e-4
+    names = {target["name"] for target in report["targets"]}
+    assert names == {
+        "state_cache_speedup",
+        "backbone_gemm_fraction",
+        "non_backbone_fraction_512",
+        "concurrency_16x100",
+    }
+    assert all(target["status"] in {"met", "not met", "not available"} for target in report["targets"])
+    markdown = markdown_path.read_text()
+    assert "| target | measured | threshold | status | note |" in markdown
+    assert "GEMM peak measured in this run" in markdown
+
+
+def test_baseline_matches_the_engine_on_the_same_weights(tiny_clef: Clef) -> None:
+    baseline = ReferenceBaseline(tiny_clef)
+    workload = request_of_length(random.Random(3), 300, 3, "parity")
+    _, record = baseline.encode(workload)
+    assert record.input_tokens == 300
+    assert record.input_ids == tiny_clef.encode(workload.body, max_length=300).input_ids
+
+    hidden = baseline.hidden_states(record.input_ids)
+    engine_hidden = tiny_clef.backbone.hidden_states(record.input_ids)
+    assert torch.allclose(hidden, engine_hidden, atol=1e-4, rtol=0)
+
+    looped = torch.cat(baseline.head_logits(engine_hidden, record.input_ids, record))
+    layout = HeadLayout(
+        type_ids=[q.type_id for q in record.questions],
+        question_spans=[q.question_span for q in record.questions],
+        option_spans=[list(q.option_spans) for q in record.questions],
+    )
+    lexical = tiny_clef.lexical.option_means(
+        record.input_ids, [span for q in record.questions for span in q.option_spans]
+    )
+    vectorised = tiny_clef.head.score(engine_hidden, layout, lexical)
+    assert looped.shape == vectorised.shape == (record.num_options,)
+    assert torch.allclose(looped, vectorised, atol=1e-5, rtol=0)
+
+
+def test_make_state_is_exactly_one_token_per_word(tiny_clef: Clef) -> None:
+    state = make_state(random.Random(0), 500)
+    assert len(tiny_clef.tokenizer.encode(state)) == 500
+
+
+def test_medium_geometry_is_the_release_pattern_scaled_down() -> None:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    config = random_checkpoint_config(text_overrides=MEDIUM_TEXT_OVERRIDES)
+    text = config["text_config"]
+    assert text["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
+    assert text["rope_parameters"]["mrope_section"] == [11, 11, 10]  # the release's, head dim 256
+    assert text["vocab_size"] == 248_320
+    assert config["vision_config"]["out_hidden_size"] == 1024
+    assert MEDIUM_HEAD_CONFIG["hidden_size"] == text["hidden_size"]
+    with torch.device("meta"):
+        model = Qwen3_5TextModel(Qwen3_5Config.from_dict(config).text_config)
+
+    hidden, mlp = 1024, 3 * 1024 * 3072
+    # DeltaNet: qkv (2 x 8 x 128 keys + 16 x 128 values), z gate, b and a (one per value head), out.
+    deltanet = hidden * (2 * 8 * 128 + 16 * 128) + hidden * 16 * 128 + 2 * hidden * 16 + 16 * 128 * hidden
+    # Gated attention: q and its output gate (8 x 256 x 2), k and v (2 x 256 each), o.
+    attention = hidden * 8 * 256 * 2 + 2 * hidden * 2 * 256 + 8 * 256 * hidden
+    expected_linear = 6 * (deltanet + mlp) + 2 * (attention + mlp)
+    tokens = 100
+    expected_flops = (
+        2 * expected_linear * tokens
+        + 2 * 4 * 8 * 256 * tokens * (tokens + 1) / 2  # causal score + mix pairs, 2 attention layers
+        + 6 * 6 * 16 * 128 * 128 * tokens  # DeltaNet recurrence, 6 layers
+        + 6 * 2 * 4 * (2 * 8 * 128 + 16 * 128) * tokens  # causal conv, kernel 4
+    )
+    assert backbone_flops(model, tokens) == pytest.approx(expected_flops, rel=1e-12)
+    # A prefill after cached context adds only the new queries' attention pairs.
+    split = backbone_flops(model, 40) + backbone_flops(model, 60, context=40)
+    assert split == pytest.approx(backbone_flops(model, 100), rel=1e-12)
+
+
+def test_random_checkpoint_of_another_geometry(tmp_path: Path) -> None:
+    overrides = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 8, "head_dim": 16}
+    head = {"hidden_size": 32, "width": 16, "routing_layers": 1, "layers": 1, "heads": 2, "feedforward": 32}
+    marker = {"tiny": False, "untrained": True, "seed": 5}
+    path = make_random_checkpoint(
+        tmp_path / "random", text_overrides=overrides, head_config=head, seed=5, marker=marker
+    )
+    config = json.loads((path / "config.json").read_text())
+    assert config["clef_runtime"] == marker
+    text = config["text_config"]
+    assert text["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
+    assert sum(text["rope_parameters"]["mrope_section"]) == 16 * 0.25 // 2
+    assert json.loads((path / "joint_head_config.json").read_text()) == head
+    info = verify_checkpoint(path)
+    assert not info.is_tiny
+    backbone = Backbone.load(path, device="cpu", info=info)
+    assert backbone.config.num_hidden_layers == 8
+    rows = backbone.hidden_states(list(range(2000, 2040)))
+    assert rows.shape == (40, 32)
+    assert torch.isfinite(rows).all() and rows.std() > 0.1
+
+    with pytest.raises(ValueError, match="hidden_size"):
+        make_random_checkpoint(
+            tmp_path / "bad", text_overrides=overrides, head_config={**head, "hidden_size": 64}
+        )
+    with pytest.raises(FileExistsError):
+        make_random_checkpoint(path, text_overrides=overrides, head_config=head)
+
+
+def test_padding_waste_with_and_without_length_grouping() -> None:
+    lengths = [100, 1000, 100, 1000]
+    mixed = padding_waste(lengths, length_ratio=math.inf, max_batch_tokens=1 << 40, max_batch_size=4)
+    assert (mixed["batches"], mixed["real_tokens"], mixed["padded_tokens"]) == (1, 2200, 4000)
+    assert mixed["padding_fraction"] == pytest.approx(0.45)
+    grouped = padding_waste(lengths, length_ratio=2.0, max_batch_tokens=1 << 40, max_batch_size=4)
+    assert (grouped["batches"], grouped["padded_tokens"], grouped["padding_fraction"]) == (2, 2200, 0.0)
+
+
+def test_targets_report_met_not_met_and_not_available() -> None:
+    def side(p50: float, fraction: float, non_backbone: float) -> dict[str, float]:
+        return {"p50_s": p50, "backbone_gemm_fraction": fraction, "non_backbone_fraction": non_backbone}
+
+    results = {
+        "state_cache": {"available": False, "cold_over_warm": 1.0},
+        "latency": {
+            "512": {"engine": side(1.0, 0.9, 0.02), "baseline": side(2.0, 0.5, 0.1)},
+            "1024": {"engine": side(2.0, 0.8, 0.01), "baseline": side(4.0, 0.5, 0.1)},
+            "4096": {"engine": side(8.0, 0.7, 0.01), "baseline": side(16.0, 0.5, 0.1)},
+        },
+        "concurrency": {"100": {"throughput_ratio": 1.5}, "1000": {"throughput_ratio": 0.9}},
+    }
+    status = {target["name"]: (target["status"], target["measured"]) for target in evaluate_targets(results)}
+    assert status == {
+        "state_cache_speedup": ("not available", 1.0),
+        "backbone_gemm_fraction": ("not met", 0.7),  # the lowest over T >= 1,024
+        "non_backbone_fraction_512": ("met", 0.02),
+        "concurrency_16x100": ("met", 1.5),
+        "concurrency_16x1000": ("not met", 0.9),
+    }
