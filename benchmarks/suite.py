@@ -42,11 +42,10 @@ def run_model(model: str, mode: str) -> Path:
 
 
 def update_benchmarks_md(sections: list[str]) -> None:
-    """Replace the text between the clef-bench markers of BENCHMARKS.md (appending the markers and the
-    section when absent); everything outside the markers is left as it is."""
-    body = "\n".join(
-        [BEGIN_MARKER, "## `clef bench`: engine vs the reference way", "", *sections, END_MARKER]
-    )
+    """Replace the text between the clef-bench markers of BENCHMARKS.md with the per-model tables
+    (appending the markers when absent); everything outside the markers, including the hand-written
+    summary above them, is left as it is."""
+    body = "\n".join([BEGIN_MARKER, "", *sections, END_MARKER])
     text = BENCHMARKS_MD.read_text(encoding="utf-8") if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     if BEGIN_MARKER in text and END_MARKER in text:
         before, rest = text.split(BEGIN_MARKER, 1)

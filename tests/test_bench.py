@@ -171,22 +171,31 @@ def test_padding_waste_with_and_without_length_grouping() -> None:
 
 
 def test_targets_report_met_not_met_and_not_available() -> None:
-    def side(p50: float, fraction: float, non_backbone: float) -> dict[str, float]:
-        return {"p50_s": p50, "backbone_gemm_fraction": fraction, "non_backbone_fraction": non_backbone}
+    def side(fraction: float, best_fraction: float, non_backbone: float, best_non_backbone: float) -> dict:
+        return {
+            "backbone_gemm_fraction": fraction,
+            "best_backbone_gemm_fraction": best_fraction,
+            "non_backbone_fraction": non_backbone,
+            "best_run_non_backbone_fraction": best_non_backbone,
+        }
 
     results = {
-        "state_cache": {"available": False, "cold_over_warm": 1.0},
+        "state_cache": {"available": False, "cold_over_warm": 1.0, "cold_over_warm_min": 1.1},
         "latency": {
-            "512": {"engine": side(1.0, 0.9, 0.02), "baseline": side(2.0, 0.5, 0.1)},
-            "1024": {"engine": side(2.0, 0.8, 0.01), "baseline": side(4.0, 0.5, 0.1)},
-            "4096": {"engine": side(8.0, 0.7, 0.01), "baseline": side(16.0, 0.5, 0.1)},
+            "512": {"engine": side(0.5, 0.9, 0.05, 0.02), "baseline": side(0.5, 0.5, 0.1, 0.1)},
+            "1024": {"engine": side(0.5, 0.8, 0.01, 0.01), "baseline": side(0.5, 0.5, 0.1, 0.1)},
+            "4096": {"engine": side(0.5, 0.7, 0.01, 0.01), "baseline": side(0.5, 0.5, 0.1, 0.1)},
         },
-        "concurrency": {"100": {"throughput_ratio": 1.5}, "1000": {"throughput_ratio": 0.9}},
+        "concurrency": {
+            "100": {"throughput_ratio": 1.2, "throughput_ratio_best": 1.5},
+            "1000": {"throughput_ratio": 1.1, "throughput_ratio_best": 0.9},
+        },
     }
     status = {target["name"]: (target["status"], target["measured"]) for target in evaluate_targets(results)}
+    # Judged on the best-of-N figures, the lowest over T >= 1,024 for the GEMM fraction.
     assert status == {
-        "state_cache_speedup": ("not available", 1.0),
-        "backbone_gemm_fraction": ("not met", 0.7),  # the lowest over T >= 1,024
+        "state_cache_speedup": ("not available", 1.1),
+        "backbone_gemm_fraction": ("not met", 0.7),
         "non_backbone_fraction_512": ("met", 0.02),
         "concurrency_16x100": ("met", 1.5),
         "concurrency_16x1000": ("not met", 0.9),
