@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from clef_runtime.options import (
+    ENCODE_OPTION_FIELDS,
+    ENGINE_OPTIONS,
+    MODEL_OPTION,
+    EngineOptions,
+    OptionsError,
+    add_option_arguments,
+    read_option_values,
+)
 from clef_runtime.protocol.errors import ClefError, RequestValidationError, format_loc
 
 __all__ = ["main"]
@@ -109,20 +119,16 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     except TokenizerLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    encoder = Encoder(tokenizer_for_encoding(tokenizer), max_length=args.max_length)
+    options = EngineOptions.from_sources(args, os.environ, fields=ENCODE_OPTION_FIELDS)
+    encoder = Encoder(tokenizer_for_encoding(tokenizer), max_length=options.max_length)
     return _run_per_request(args, lambda request: encoder.encode(request).to_json(), pretty=False)
 
 
 def _load_clef(args: argparse.Namespace) -> Any:
     from clef_runtime.engine.clef import Clef
 
-    return Clef.load(
-        args.model,
-        device=args.device,
-        prefill_chunk=args.prefill_chunk,
-        max_length=args.max_length,
-        weights=args.weights,
-    )
+    model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
+    return Clef.load(model, EngineOptions.from_sources(args, os.environ))
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
@@ -131,6 +137,8 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
     try:
         clef = _load_clef(args)
+    except OptionsError:
+        raise
     except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -162,33 +170,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default="tiny",
-        help="'tiny' (built-in untrained test model), a local release directory, or a Hugging Face repo id "
-        "with an optional @revision (Cloudflare/clef-flash defaults to the pinned revision)",
-    )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=None,
-        metavar="N",
-        help="run the backbone in calls of N tokens over the hybrid cache (default: one pass)",
-    )
-    parser.add_argument(
-        "--weights",
-        default="auto",
-        choices=["auto", "fp32", "bf16-storage"],
-        help="CPU weight storage: fp32 when it fits, else bf16 storage with fp32 compute (default: auto)",
-    )
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and every engine option (`clef_runtime.options.ENGINE_OPTIONS`), each with its variable.
+    For subcommands that load a model: decide, serve, bench, eval."""
+    add_option_arguments(parser, (MODEL_OPTION, *ENGINE_OPTIONS))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``clef`` argument parser."""
     from clef_runtime import __version__
-    from clef_runtime.encoding.encoder import DEFAULT_MAX_LENGTH
 
     parser = argparse.ArgumentParser(prog="clef", description="Run Clef decision models.")
     parser.add_argument("--version", action="version", version=f"clef-runtime {__version__}")
@@ -198,14 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="a checkpoint directory with tokenizer.json"
     )
-    enc.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, metavar="N")
+    add_option_arguments(enc, [o for o in ENGINE_OPTIONS if o.field in ENCODE_OPTION_FIELDS])
     enc.add_argument("--jsonl", action="store_true", help="one request per line in, one result per line out")
     enc.add_argument("file", nargs="?", default="-", metavar="FILE|-")
     enc.set_defaults(func=_cmd_encode)
 
     dec = sub.add_parser("decide", help="answer requests with a model and print System One responses")
-    _add_model_options(dec)
-    dec.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, metavar="N")
+    add_engine_arguments(dec)
     dec.add_argument(
         "--jsonl", action="store_true", help="one request per line in, one response per line out"
     )
@@ -245,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_cpu_threads()
     try:
         return int(args.func(args))
+    except OptionsError as exc:
+        print(f"clef {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from clef_runtime.server.cli import add_serve_arguments, run_serve
+from clef_runtime.options import EngineOptions
 from clef_runtime.server.settings import (
-    OPTIONS,
+    ALL_SERVE_OPTIONS,
     ServerSettings,
     SettingsError,
     parse_bool,
@@ -43,27 +44,40 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "cache_mb": (["--cache-mb", "0"], "0", 0.0),
     "image_mode": (["--image-mode", "g448"], "g448", "g448"),
     "image_max_tokens": (["--image-max-tokens", "256"], "256", 256),
+    "weights": (["--weights", "bf16-storage"], "bf16-storage", "bf16-storage"),
+    "int8_layers": (["--int8-layers", "1,2"], "1,2", "1,2"),
+    "snapshot_interval": (["--snapshot-interval", "128"], "128", 128),
+    "confidence": (["--confidence", "workers-ai"], "workers-ai", "workers-ai"),
+    "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
     "batch_window_ms": (["--batch-window-ms", "2.5"], "2.5", 2.5),
     "log_requests": (["--log-requests"], "true", True),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
 }
 
 
+def value_of(settings: ServerSettings, field: str) -> Any:
+    """A server field, or an engine option (nested under ``settings.engine``)."""
+    if field in EngineOptions.__dataclass_fields__:
+        return getattr(settings.engine, field)
+    return getattr(settings, field)
+
+
 def test_every_option_is_sampled() -> None:
-    assert set(SAMPLES) == {option.field for option in OPTIONS}
+    assert set(SAMPLES) == {option.field for option in ALL_SERVE_OPTIONS}
     assert all(
-        option.env == "CLEF_" + option.field.upper() or option.field == "api_keys" for option in OPTIONS
+        option.env == "CLEF_" + option.field.upper() or option.field == "api_keys"
+        for option in ALL_SERVE_OPTIONS
     )
 
 
 @pytest.mark.parametrize("field", sorted(SAMPLES))
 def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
     argv, env_value, expected = SAMPLES[field]
-    option = next(o for o in OPTIONS if o.field == field)
+    option = next(o for o in ALL_SERVE_OPTIONS if o.field == field)
     base = [] if field == "model" else ["--model", "m"]
-    assert getattr(parse(base + argv), field) == expected
+    assert value_of(parse(base + argv), field) == expected
     environ = {option.env: env_value} if field == "model" else {option.env: env_value, "CLEF_MODEL": "m"}
-    assert getattr(parse([], environ), field) == expected
+    assert value_of(parse([], environ), field) == expected
 
 
 def test_defaults() -> None:
@@ -98,11 +112,11 @@ def test_input_limit_is_the_smaller_of_max_length_and_max_input_tokens() -> None
     assert parse(["--model", "m", "--max-input-tokens", "100"]).input_token_limit == 100
     assert parse(["--model", "m", "--max-input-tokens", "99999"]).input_token_limit == 16384
     options = parse(["--model", "m", "--max-input-tokens", "100", "--device", "cpu"]).engine_options()
-    assert options == {"max_length": 100, "device": "cpu"}
+    assert options == EngineOptions(max_length=100, device="cpu")
     options = parse(
         ["--model", "m", "--cache-mb", "64", "--image-mode", "g256", "--prefill-chunk", "8"]
     ).engine_options()
-    assert options == {"max_length": 16384, "cache_mb": 64.0, "image_mode": "g256", "prefill_chunk": 8}
+    assert options == EngineOptions(cache_mb=64.0, image_mode="g256", prefill_chunk=8)
 
 
 @pytest.mark.parametrize(
@@ -115,6 +129,10 @@ def test_input_limit_is_the_smaller_of_max_length_and_max_input_tokens() -> None
         ({"CLEF_MAX_QUEUE": "0"}, "--max-queue"),
         ({"CLEF_PORT": "70000"}, "--port"),
         ({"CLEF_LOG_LEVEL": "loud"}, "--log-level"),
+        ({"CLEF_WEIGHTS": "fp8"}, "CLEF_WEIGHTS"),
+        ({"CLEF_DEVICE": "gpu"}, "--device"),
+        ({"CLEF_CACHE_MB": "-1"}, "--cache-mb"),
+        ({"CLEF_INT8_LAYERS": "early"}, "--int8-layers"),
     ],
 )
 def test_bad_variables_are_named(environ: dict[str, str], needle: str) -> None:
@@ -145,7 +163,7 @@ def test_help_names_every_variable(capsys: pytest.CaptureFixture[str]) -> None:
     add_serve_arguments(parser)
     parser.print_help()
     text = capsys.readouterr().out
-    assert all(option.env in text and option.flag in text for option in OPTIONS)
+    assert all(option.env in text and option.flag in text for option in ALL_SERVE_OPTIONS)
 
 
 def test_keys_are_redacted_in_logs() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clef_runtime.encoding.render import render
+from clef_runtime.options import DEFAULT_MAX_LENGTH
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
 from clef_runtime.protocol.systemone import (
     ChoiceQuestion,
@@ -68,7 +69,6 @@ NOUL_DEFAULT_CRITERIA: dict[str, str] = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
-DEFAULT_MAX_LENGTH = 16384
 
 ENDOFTEXT_ID = 248044
 VISION_START_ID = 248053

@@ -52,6 +52,7 @@ from clef_runtime.model.kernels import flush_denormals
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
+from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 from clef_runtime.vision.preprocess import DEFAULT_MAX_TOKENS
@@ -205,6 +206,15 @@ class Clef:
         self.vision_tower = vision_tower
         self._embedder = ImageEmbedder(vision_tower)
         self.state_cache = StateCache(cache_bytes)
+        self.options = EngineOptions(
+            max_length=max_length,
+            prefill_chunk=prefill_chunk,
+            pad_last_chunk=pad_last_chunk,
+            image_mode=image_mode,
+            image_max_tokens=image_max_tokens,
+            cache_mb=cache_bytes / (1024 * 1024),
+        )
+        """The options this engine was loaded with (`load` sets the full set)."""
         self.untrained = resolved.is_tiny
         self.name = resolved.name
         self.description = (
@@ -221,52 +231,39 @@ class Clef:
     # ------------------------------------------------------------------------------------------ loading
 
     @classmethod
-    def load(
-        cls,
-        model: str = "tiny",
-        *,
-        device: str = "auto",
-        prefill_chunk: int | None = None,
-        pad_last_chunk: bool = False,
-        max_length: int = DEFAULT_MAX_LENGTH,
-        check_memory: bool = True,
-        cache_mb: float | None = None,
-        image_mode: str = "native",
-        image_max_tokens: int | None = DEFAULT_MAX_TOKENS,
-        weights: str = "auto",
-    ) -> Clef:
+    def load(cls, model: str = "tiny", options: EngineOptions | None = None, **overrides: Any) -> Clef:
         """Load ``model``: ``"tiny"``, a local release directory, or a Hugging Face repo id with an optional
         ``@revision``. Nothing from the checkpoint is executed; weights come from safetensors only.
 
-        ``prefill_chunk``: run the backbone in calls of at most this many tokens (None: whole rows).
-        ``weights`` (CPU): ``"auto"`` keeps fp32 weights when they fit in memory, else bf16 storage with fp32
-        compute; ``"fp32"`` / ``"bf16-storage"`` force one.
-        ``pad_last_chunk``: the seed's readout (one row at a time, fixed chunks from zero states, the last
-        one padded); it bypasses the state cache. ``cache_mb``: the state-cache budget in MiB (None: 10% of
-        the available memory, at most 4 GiB; 0: no state is stored). ``image_mode``: ``native`` (the
-        reference processor, at most ``image_max_tokens`` merged tokens per image; None = uncapped),
-        ``g256`` or ``g448``. The vision tower is loaded on the first request with an image.
+        ``options``: an `EngineOptions` (default: all defaults); ``overrides``: any of its fields by name
+        (``Clef.load("tiny", cache_mb=0, weights="fp32")``), applied on top. See `EngineOptions` for what
+        each does; the same options are the CLI flags and ``CLEF_*`` variables of ``clef decide / serve``.
 
         Raises ``CheckpointError`` (a missing or malformed file, named), ``InsufficientMemoryError`` (the
-        model does not fit; the message says what would), ValueError for a bad option, or huggingface_hub
-        errors when a download fails.
+        model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option,
+        TypeError for an unknown one, or ``ModelResolutionError`` when a download fails.
         """
         started = time.perf_counter()
-        if cache_mb is not None and cache_mb < 0:
-            raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
-        ImageSettings(mode=image_mode, max_tokens=image_max_tokens)  # validate before the slow part
+        opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
+        ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
         resolved = resolve_model(model)
         if resolved.is_tiny:
             logger.warning("model %r is UNTRAINED (random weights): its answers are meaningless", model)
         info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
         backbone = Backbone.load(
-            resolved.path, device=device, info=info, check_memory=check_memory, weights=weights
+            resolved.path,
+            device=opts.device,
+            info=info,
+            check_memory=opts.check_memory,
+            weights=opts.weights,
         )
         tokenizer = ClefTokenizer.load(resolved.path)
         head = JointSchemaHead.from_files(resolved.path, device=backbone.device)
         lexical = LexicalTable.from_safetensors(resolved.path)
         cache_bytes = (
-            default_cache_bytes(backbone.device) if cache_mb is None else int(cache_mb * 1024 * 1024)
+            default_cache_bytes(backbone.device)
+            if opts.cache_mb is None
+            else int(opts.cache_mb * 1024 * 1024)
         )
         clef = cls(
             resolved=resolved,
@@ -274,19 +271,21 @@ class Clef:
             backbone=backbone,
             head=head,
             lexical=lexical,
-            max_length=max_length,
-            prefill_chunk=prefill_chunk,
-            pad_last_chunk=pad_last_chunk,
+            max_length=opts.max_length,
+            prefill_chunk=opts.prefill_chunk,
+            pad_last_chunk=opts.pad_last_chunk,
             cache_bytes=cache_bytes,
-            image_mode=image_mode,
-            image_max_tokens=image_max_tokens,
+            image_mode=opts.image_mode,
+            image_max_tokens=opts.image_max_tokens,
         )
+        clef.options = opts
         logger.info(
-            "loaded %s from %s on %s in %.1f s (state cache %.0f MiB)",
+            "loaded %s from %s on %s in %.1f s (weights %s, state cache %.0f MiB)",
             resolved.name,
             resolved.path,
             backbone.device,
             time.perf_counter() - started,
+            backbone.weight_mode,
             cache_bytes / 1024**2,
         )
         return clef

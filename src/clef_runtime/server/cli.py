@@ -13,7 +13,13 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from clef_runtime.server.settings import OPTIONS, ServerSettings, SettingsError, settings_from_namespace
+from clef_runtime.options import add_option_arguments
+from clef_runtime.server.settings import (
+    ALL_SERVE_OPTIONS,
+    ServerSettings,
+    SettingsError,
+    settings_from_namespace,
+)
 
 if TYPE_CHECKING:
     from clef_runtime.server.runtime import EngineFactory
@@ -24,37 +30,10 @@ logger = logging.getLogger("clef_runtime.server")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every ``clef serve`` flag to ``parser``. Each flag defaults to its ``CLEF_*`` variable, then to
-    the built-in default (resolved in :func:`run_serve`, so ``--help`` shows the variable names)."""
-    for option in OPTIONS:
-        help_text = f"{option.help} [env {option.env}]"
-        if option.kind == "bool":
-            parser.add_argument(
-                option.flag,
-                dest=option.field,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        elif option.kind == "append":
-            parser.add_argument(
-                option.flag,
-                dest=option.field,
-                action="append",
-                default=None,
-                metavar=option.metavar,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(
-                option.flag,
-                dest=option.field,
-                type=option.parse,
-                default=None,
-                metavar=option.metavar,
-                choices=option.choices,
-                help=help_text,
-            )
+    """Add every ``clef serve`` flag to ``parser``: the model, the engine's options, the server's own. Each
+    flag defaults to its ``CLEF_*`` variable, then to the built-in default (resolved in :func:`run_serve`,
+    so ``--help`` shows the variable names)."""
+    add_option_arguments(parser, ALL_SERVE_OPTIONS)
 
 
 def configure_logging(level: str) -> None:

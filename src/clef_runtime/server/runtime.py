@@ -71,7 +71,7 @@ def load_clef(settings: ServerSettings) -> DecisionEngine:
     """
     from clef_runtime.engine.clef import Clef
 
-    return Clef.load(settings.model, **settings.engine_options())
+    return Clef.load(settings.model, settings.engine_options())
 
 
 class Arrival:

@@ -1,34 +1,49 @@
 """The server's configuration: one :class:`ServerSettings` object, built from CLI flags and ``CLEF_*``
 environment variables (a flag beats its variable, the variable beats the default).
 
-Every option is declared once in :data:`OPTIONS`; the CLI parser and the environment reader are both
-generated from that table, so a flag can never lack its variable.
+The engine's options (device, weights, cache, images, ...) are `clef_runtime.options.EngineOptions`,
+nested as ``settings.engine``; this module adds the server's own (HTTP, auth, batching, logging) in
+:data:`OPTIONS`. Both tables generate the CLI flags and the variables, so a flag can never lack its variable.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from clef_runtime.options import (
+    ENGINE_OPTIONS,
+    MODEL_OPTION,
+    EngineOptions,
+    Option,
+    OptionsError,
+    parse_bool,
+    parse_int,
+    parse_lower,
+    parse_size,
+    read_option_values,
+)
+
 __all__ = [
+    "ALL_SERVE_OPTIONS",
     "OPTIONS",
     "Option",
     "ServerSettings",
     "SettingsError",
     "parse_bool",
     "parse_size",
+    "server_settings",
     "settings_from_namespace",
 ]
 
 MiB = 1024 * 1024
 
 
-class SettingsError(ValueError):
-    """An option has an invalid value; the message names the flag and its environment variable."""
+SettingsError = OptionsError
+"""An option has an invalid value; the message names the flag and its environment variable."""
 
 
 @dataclass(frozen=True)
@@ -52,20 +67,12 @@ class ServerSettings:
     """Request body limit, before and after decompression (16 MiB: four 4 MiB images in base64 fit)."""
     deterministic: bool = False
     """Run every request alone in arrival order so repeated requests give identical bytes."""
-    device: str | None = None
-    prefill_chunk: int | None = None
-    max_length: int = 16384
-    """The encoder's maximum sequence length (the reference's ``max_length``)."""
     on_overflow: Literal["truncate", "reject"] = "truncate"
-    cache_mb: float | None = None
-    """State-cache budget in MiB; None: the engine's default, 0: off."""
-    image_mode: str | None = None
-    image_max_tokens: int | None = None
     batch_window_ms: float = 5.0
     log_requests: bool = False
     log_level: str = "info"
-    extra_engine_options: Mapping[str, Any] = field(default_factory=dict)
-    """Passed to ``Clef.load`` as is (Python API only)."""
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,17 +80,11 @@ class ServerSettings:
             problems.append("--model is required (or set CLEF_MODEL)")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port must be 0..65535, got {self.port}")
-        for name in ("max_queue", "max_batch_tokens", "max_batch_size", "max_body_bytes", "max_length"):
+        for name in ("max_queue", "max_batch_tokens", "max_batch_size", "max_body_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             problems.append(f"--max-input-tokens must be at least 1, got {self.max_input_tokens}")
-        if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            problems.append(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
-        if self.cache_mb is not None and self.cache_mb < 0:
-            problems.append(f"--cache-mb must be >= 0, got {self.cache_mb}")
-        if self.image_max_tokens is not None and self.image_max_tokens < 1:
-            problems.append(f"--image-max-tokens must be at least 1, got {self.image_max_tokens}")
         if self.on_overflow not in ("truncate", "reject"):
             problems.append(f"--on-overflow must be 'truncate' or 'reject', got {self.on_overflow!r}")
         if self.batch_window_ms < 0:
@@ -94,6 +95,11 @@ class ServerSettings:
             problems.append(f"--log-level must be critical/error/warning/info/debug, got {self.log_level!r}")
         if problems:
             raise SettingsError("; ".join(problems))
+
+    @property
+    def max_length(self) -> int:
+        """The encoder's maximum sequence length (``engine.max_length``)."""
+        return self.engine.max_length
 
     @property
     def input_token_limit(self) -> int:
@@ -107,21 +113,9 @@ class ServerSettings:
         """True when at least one API key is configured."""
         return bool(self.api_keys)
 
-    def engine_options(self) -> dict[str, Any]:
-        """Keyword options for ``Clef.load``: only those set, so the engine keeps its own defaults."""
-        options: dict[str, Any] = {"max_length": self.input_token_limit}
-        if self.device is not None:
-            options["device"] = self.device
-        if self.prefill_chunk is not None:
-            options["prefill_chunk"] = self.prefill_chunk
-        if self.cache_mb is not None:
-            options["cache_mb"] = self.cache_mb
-        if self.image_mode is not None:
-            options["image_mode"] = self.image_mode
-        if self.image_max_tokens is not None:
-            options["image_max_tokens"] = self.image_max_tokens
-        options.update(self.extra_engine_options)
-        return options
+    def engine_options(self) -> EngineOptions:
+        """The options ``Clef.load`` gets: ``engine`` with ``max_length`` lowered to the input limit."""
+        return self.engine.replace(max_length=self.input_token_limit)
 
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict for logs, with API keys replaced by their count."""
@@ -130,69 +124,11 @@ class ServerSettings:
         return out
 
 
-# ---------------------------------------------------------------------------------------------- parsing
-
-
-def parse_bool(text: str) -> bool:
-    """``1/true/yes/on`` -> True, ``0/false/no/off/""`` -> False. Raises ``ValueError`` otherwise."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``8388608``, ``512k``, ``8M``, ``8MiB``, ``1G`` (suffixes are powers of 1024).
-
-    Raises ``ValueError`` on anything else."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (e.g. 8388608, 512k, 8MiB)")
-    number, unit = int(match.group(1)), match.group(2).lower()
-    return number * {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB}[unit]
-
-
-def _positive_int(text: str) -> int:
-    return int(text.strip())
-
-
-def _api_keys(text: str) -> tuple[str, ...]:
-    return tuple(key.strip() for key in text.split(",") if key.strip())
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: its field, flag, environment variable, parser and help text."""
-
-    field: str
-    flag: str
-    env: str
-    parse: Callable[[str], Any]
-    help: str
-    metavar: str | None = None
-    kind: Literal["value", "bool", "append"] = "value"
-    choices: tuple[str, ...] | None = None
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "model",
-        "--model",
-        "CLEF_MODEL",
-        str,
-        "model to serve: 'tiny' (built-in untrained test model), a local release directory, or a Hugging "
-        "Face repo id with an optional @revision (e.g. Cloudflare/clef-flash)",
-        "M",
-    ),
     Option(
         "host", "--host", "CLEF_HOST", str, "address to bind (default 127.0.0.1: this machine only)", "ADDR"
     ),
-    Option("port", "--port", "CLEF_PORT", _positive_int, "TCP port (default 8094)", "N"),
+    Option("port", "--port", "CLEF_PORT", parse_int, "TCP port (default 8094)", "N"),
     Option(
         "api_keys",
         "--api-key",
@@ -207,7 +143,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_queue",
         "--max-queue",
         "CLEF_MAX_QUEUE",
-        _positive_int,
+        parse_int,
         "requests that may wait for the engine; beyond it 429 with Retry-After (default 256)",
         "N",
     ),
@@ -215,7 +151,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_batch_tokens",
         "--max-batch-tokens",
         "CLEF_MAX_BATCH_TOKENS",
-        _positive_int,
+        parse_int,
         "padded tokens (longest x count) per batched engine call (default 16384)",
         "N",
     ),
@@ -223,7 +159,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_batch_size",
         "--max-batch-size",
         "CLEF_MAX_BATCH_SIZE",
-        _positive_int,
+        parse_int,
         "requests per batched engine call (default 32)",
         "N",
     ),
@@ -231,7 +167,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_input_tokens",
         "--max-input-tokens",
         "CLEF_MAX_INPUT_TOKENS",
-        _positive_int,
+        parse_int,
         "input tokens per request (default: --max-length); see --on-overflow",
         "N",
     ),
@@ -253,30 +189,6 @@ OPTIONS: tuple[Option, ...] = (
         kind="bool",
     ),
     Option(
-        "device",
-        "--device",
-        "CLEF_DEVICE",
-        str,
-        "torch device, e.g. cpu, cuda, cuda:1 (default: engine's)",
-        "DEV",
-    ),
-    Option(
-        "prefill_chunk",
-        "--prefill-chunk",
-        "CLEF_PREFILL_CHUNK",
-        _positive_int,
-        "tokens per prefill chunk (default: engine's)",
-        "N",
-    ),
-    Option(
-        "max_length",
-        "--max-length",
-        "CLEF_MAX_LENGTH",
-        _positive_int,
-        "encoder maximum sequence length (default 16384, as the reference)",
-        "N",
-    ),
-    Option(
         "on_overflow",
         "--on-overflow",
         "CLEF_ON_OVERFLOW",
@@ -285,32 +197,6 @@ OPTIONS: tuple[Option, ...] = (
         "x_truncated_state_tokens (default, as the reference); 'reject' answers 413",
         "MODE",
         choices=("truncate", "reject"),
-    ),
-    Option(
-        "cache_mb",
-        "--cache-mb",
-        "CLEF_CACHE_MB",
-        float,
-        "state-cache budget in MiB: repeated states skip their prefill (default: engine's, 10%% of free "
-        "memory up to 4 GiB; 0 turns it off)",
-        "MB",
-    ),
-    Option(
-        "image_mode",
-        "--image-mode",
-        "CLEF_IMAGE_MODE",
-        str,
-        "image preprocessing: native (the reference processor), g256 or g448 (default: native)",
-        "MODE",
-        choices=("native", "g256", "g448"),
-    ),
-    Option(
-        "image_max_tokens",
-        "--image-max-tokens",
-        "CLEF_IMAGE_MAX_TOKENS",
-        _positive_int,
-        "most merged tokens per image in native mode (default: engine's)",
-        "N",
     ),
     Option(
         "batch_window_ms",
@@ -332,40 +218,34 @@ OPTIONS: tuple[Option, ...] = (
         "log_level",
         "--log-level",
         "CLEF_LOG_LEVEL",
-        lambda s: s.strip().lower(),
+        parse_lower,
         "critical, error, warning, info (default) or debug",
         "LEVEL",
     ),
 )
 
 
-def settings_from_namespace(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerSettings:
+#: Every flag of ``clef serve``: the model, the engine's options, then the server's own.
+ALL_SERVE_OPTIONS: tuple[Option, ...] = (MODEL_OPTION, *ENGINE_OPTIONS, *OPTIONS)
+
+
+def settings_from_namespace(args: argparse.Namespace | None, environ: Mapping[str, str]) -> ServerSettings:
     """Build settings from parsed CLI flags, falling back to ``CLEF_*`` variables in ``environ``.
 
     Returns the settings. Raises :class:`SettingsError` naming the flag/variable of any invalid value.
     """
-    values: dict[str, Any] = {}
-    for option in OPTIONS:
-        flag_value = getattr(args, option.field, None)
-        if option.kind == "append" and flag_value:
-            values[option.field] = tuple(flag_value)
-            continue
-        if flag_value is not None and option.kind != "append":
-            values[option.field] = flag_value
-            continue
-        raw = environ.get(option.env)
-        if raw is None:
-            continue
-        try:
-            if option.kind == "append":
-                values[option.field] = _api_keys(raw)
-            else:
-                value = option.parse(raw)
-                if option.choices is not None and value not in option.choices:
-                    raise ValueError(f"must be one of {', '.join(option.choices)}")
-                values[option.field] = value
-        except ValueError as exc:
-            raise SettingsError(f"{option.env}={raw!r} (for {option.flag}): {exc}") from None
+    values = read_option_values(args, environ, (MODEL_OPTION, *OPTIONS))
     if "model" not in values:
         raise SettingsError("--model is required (or set CLEF_MODEL): 'tiny', a directory or a repo id")
-    return ServerSettings(**values)
+    engine = EngineOptions.from_sources(args, environ)
+    return ServerSettings(**values, engine=engine)
+
+
+def server_settings(model: str, engine: EngineOptions | None = None, **values: Any) -> ServerSettings:
+    """Settings from Python: server fields by name, engine fields by name too (collected into ``engine``).
+
+    Raises :class:`SettingsError` for a bad value, TypeError for an unknown name."""
+    engine_fields = {f.name for f in dataclasses.fields(EngineOptions)}
+    engine_values = {k: values.pop(k) for k in list(values) if k in engine_fields}
+    base = engine or EngineOptions()
+    return ServerSettings(model=model, engine=base.replace(**engine_values), **values)

@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from clef_runtime.options import DEFAULT_IMAGE_MAX_TOKENS
+
 __all__ = [
     "DEFAULT_IMAGE_PROCESSOR_CONFIG",
     "DEFAULT_MAX_TOKENS",
@@ -63,7 +65,7 @@ CHANNELS = 3
 FACTOR = PATCH_SIZE * MERGE_SIZE  # 32 px per merged token side
 PATCH_DIM = CHANNELS * TEMPORAL_PATCH_SIZE * PATCH_SIZE * PATCH_SIZE  # 1536
 
-DEFAULT_MAX_TOKENS = 1024
+DEFAULT_MAX_TOKENS = DEFAULT_IMAGE_MAX_TOKENS
 """Default cap of merged tokens per image in ``native`` mode (the hosted service's cap)."""
 MIN_MAX_TOKENS = 200
 """Smallest accepted ``max_tokens`` (see the module docstring)."""

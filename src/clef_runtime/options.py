@@ -1,0 +1,410 @@
+"""Options: every setting defined once, in a table that generates its CLI flag and its ``CLEF_*`` variable.
+
+Two groups share the machinery:
+
+- :data:`ENGINE_OPTIONS` -> :class:`EngineOptions`, the options of the engine itself (device, weights,
+  prefill chunk, lengths, state cache, images, confidence, calibration). ``Clef.load(model, options)``
+  takes the object (or the same names as keyword arguments); ``clef decide``, ``serve``, ``bench`` and
+  ``eval`` all get their flags from this one table, and ``clef encode`` the encoding subset.
+- the server's own options (``clef_runtime.server.settings``), which add HTTP, batching and logging.
+
+A flag beats its variable, the variable beats the default. This module imports nothing heavy (no torch),
+so ``clef --help`` and ``clef encode`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "ENCODE_OPTION_FIELDS",
+    "ENGINE_OPTIONS",
+    "MODEL_OPTION",
+    "EngineOptions",
+    "Option",
+    "OptionsError",
+    "add_option_arguments",
+    "option_table_markdown",
+    "parse_bool",
+    "parse_size",
+    "read_option_values",
+]
+
+MiB = 1024 * 1024
+
+#: The reference encoder's ``max_length`` (tokens per row).
+DEFAULT_MAX_LENGTH = 16384
+
+#: Most merged tokens per image in ``native`` mode (the hosted service's cap).
+DEFAULT_IMAGE_MAX_TOKENS = 1024
+
+WEIGHT_MODES = ("auto", "fp32", "bf16-storage", "int8")
+IMAGE_MODES = ("native", "g256", "g448")
+CONFIDENCE_MODES = ("seed", "typesafe", "workers-ai")
+
+
+class OptionsError(ValueError):
+    """An option has an invalid value; the message names the flag (and its variable when it came from it)."""
+
+
+# ---------------------------------------------------------------------------------------------- parsers
+
+
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` -> True, ``0/false/no/off/""`` -> False. Raises ``ValueError`` otherwise."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8388608``, ``512k``, ``8M``, ``8MiB``, ``1G`` (suffixes are powers of 1024).
+
+    Raises ``ValueError`` on anything else."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 8388608, 512k, 8MiB)")
+    number, unit = int(match.group(1)), match.group(2).lower()
+    return number * {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB}[unit]
+
+
+def parse_int(text: str) -> int:
+    """An integer (surrounding spaces allowed). Raises ``ValueError``."""
+    return int(text.strip())
+
+
+def parse_float(text: str) -> float:
+    """A finite float. Raises ``ValueError``."""
+    value = float(text.strip())
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
+
+
+def parse_lower(text: str) -> str:
+    """The text stripped and lower-cased (for choices)."""
+    return text.strip().lower()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its field, flag, environment variable, parser and help text."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    kind: Literal["value", "bool", "append"] = "value"
+    choices: tuple[str, ...] | None = None
+
+
+def add_option_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option]
+) -> None:
+    """Add one flag per option to ``parser``. Every flag defaults to None so that :func:`read_option_values`
+    can fall back to the variable, then to the default; ``--help`` names the variable."""
+    for option in options:
+        help_text = f"{option.help} [env {option.env}]".replace("%", "%%")
+        if option.kind == "bool":
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        elif option.kind == "append":
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                action="append",
+                default=None,
+                metavar=option.metavar,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                type=option.parse,
+                default=None,
+                metavar=option.metavar,
+                choices=option.choices,
+                help=help_text,
+            )
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def read_option_values(
+    args: argparse.Namespace | None, environ: Mapping[str, str], options: Iterable[Option]
+) -> dict[str, Any]:
+    """The values given for ``options``: from the parsed flags in ``args`` first, else from ``environ``.
+
+    Options given neither way are left out (so the dataclass default applies). Raises :class:`OptionsError`
+    naming the variable of an invalid value (argparse already refused invalid flags).
+    """
+    values: dict[str, Any] = {}
+    for option in options:
+        flag_value = getattr(args, option.field, None) if args is not None else None
+        if flag_value is not None:
+            values[option.field] = tuple(flag_value) if option.kind == "append" else flag_value
+            continue
+        raw = environ.get(option.env)
+        if raw is None:
+            continue
+        try:
+            if option.kind == "append":
+                values[option.field] = _comma_list(raw)
+            else:
+                value = option.parse(raw)
+                if option.choices is not None and value not in option.choices:
+                    raise ValueError(f"must be one of {', '.join(option.choices)}")
+                values[option.field] = value
+        except ValueError as exc:
+            raise OptionsError(f"{option.env}={raw!r} (for {option.flag}): {exc}") from None
+    return values
+
+
+def option_table_markdown(options: Iterable[Option]) -> str:
+    """A markdown table of flags, variables and help texts (for the README and the closing notes)."""
+    lines = ["| flag | variable | meaning |", "|---|---|---|"]
+    for option in options:
+        flag = option.flag + (f" {option.metavar}" if option.metavar else "")
+        lines.append(f"| `{flag}` | `{option.env}` | {option.help} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the model
+
+MODEL_OPTION = Option(
+    "model",
+    "--model",
+    "CLEF_MODEL",
+    str,
+    "'tiny' (built-in untrained test model), a local release directory, or a Hugging Face repo id with an "
+    "optional @revision (Cloudflare/clef-flash defaults to the pinned revision)",
+    "M",
+)
+
+
+# ------------------------------------------------------------------------------------------ the engine
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Every option of the engine, validated. Immutable: use :meth:`replace` to change one.
+
+    The same fields are the keyword arguments of ``Clef.load`` and, through :data:`ENGINE_OPTIONS`, the
+    flags and ``CLEF_*`` variables of ``clef decide / serve / bench / eval``.
+    """
+
+    device: str = "auto"
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    weights: str = "auto"
+    """CPU weight storage: ``auto``, ``fp32``, ``bf16-storage`` or ``int8`` (see ``--int8-layers``)."""
+    int8_layers: str = "late"
+    """With ``weights=int8``: ``late`` (from 3/8 of the depth on), ``all``, or comma-separated indices."""
+    prefill_chunk: int | None = None
+    """Run the backbone in calls of at most this many tokens (None: whole rows)."""
+    pad_last_chunk: bool = False
+    """The seed's readout: one row at a time in ``prefill_chunk`` calls, the last padded (no state cache)."""
+    max_length: int = DEFAULT_MAX_LENGTH
+    """The encoder's maximum sequence length (the reference's ``max_length``)."""
+    cache_mb: float | None = None
+    """State-cache budget in MiB; None: 10% of the available memory, at most 4 GiB; 0: off."""
+    snapshot_interval: int = 512
+    """Inside long states, a state-cache snapshot every this many tokens (0: none)."""
+    image_mode: str = "native"
+    """``native`` (the reference processor), ``g256`` or ``g448`` (fixed square tiles)."""
+    image_max_tokens: int | None = DEFAULT_IMAGE_MAX_TOKENS
+    """Most merged tokens per image in native mode (None: uncapped)."""
+    check_memory: bool = True
+    """Estimate the memory need from the safetensors headers first and refuse cleanly when it cannot fit."""
+    confidence: str = "seed"
+    """Confidence of choice and score answers: ``seed`` (top probability), ``typesafe``, ``workers-ai``."""
+    calibration: str | None = None
+    """A calibration.json (from ``clef calibrate``) applied to every answer's probabilities."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not _valid_device(self.device):
+            problems.append(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.weights not in WEIGHT_MODES:
+            problems.append(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")
+        if not _valid_int8_layers(self.int8_layers):
+            problems.append(
+                f"--int8-layers must be late, all or comma-separated layer indices, got {self.int8_layers!r}"
+            )
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            problems.append(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
+        if self.pad_last_chunk and self.prefill_chunk is None:
+            problems.append("pad_last_chunk needs a prefill_chunk")
+        if self.max_length < 1:
+            problems.append(f"--max-length must be at least 1, got {self.max_length}")
+        if self.cache_mb is not None and not self.cache_mb >= 0:
+            problems.append(f"--cache-mb must be >= 0, got {self.cache_mb}")
+        if self.snapshot_interval < 0:
+            problems.append(f"--snapshot-interval must be >= 0, got {self.snapshot_interval}")
+        if self.image_mode not in IMAGE_MODES:
+            problems.append(f"--image-mode must be one of {', '.join(IMAGE_MODES)}, got {self.image_mode!r}")
+        if self.image_max_tokens is not None and self.image_max_tokens < 1:
+            problems.append(f"--image-max-tokens must be at least 1, got {self.image_max_tokens}")
+        if self.confidence not in CONFIDENCE_MODES:
+            problems.append(
+                f"--confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}"
+            )
+        if problems:
+            raise OptionsError("; ".join(problems))
+
+    def replace(self, **changes: Any) -> EngineOptions:
+        """A copy with ``changes`` applied (validated). Raises :class:`OptionsError` (or TypeError for an
+        unknown name)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as a plain dict (for logs, /v1/models and benchmark records)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_sources(
+        cls,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        fields: Sequence[str] | None = None,
+    ) -> EngineOptions:
+        """Options from parsed flags, else ``CLEF_*`` variables, else the defaults. ``fields`` restricts
+        the options read (``clef encode`` reads only the encoding ones). Raises :class:`OptionsError`."""
+        table = ENGINE_OPTIONS if fields is None else [o for o in ENGINE_OPTIONS if o.field in fields]
+        return cls(**read_option_values(args, environ or {}, table))
+
+
+def _valid_device(device: str) -> bool:
+    return bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device))
+
+
+def _valid_int8_layers(text: str) -> bool:
+    return text in ("late", "all") or bool(re.fullmatch(r"\d+(\s*,\s*\d+)*", text.strip()))
+
+
+ENGINE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "device",
+        "--device",
+        "CLEF_DEVICE",
+        parse_lower,
+        "torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:N (default auto)",
+        "DEV",
+    ),
+    Option(
+        "weights",
+        "--weights",
+        "CLEF_WEIGHTS",
+        parse_lower,
+        "CPU weight storage: auto (fp32 when it fits, else bf16 storage with fp32 compute), fp32, "
+        "bf16-storage, or int8 (opt-in: changes numbers, see --int8-layers) (default auto)",
+        "MODE",
+        choices=WEIGHT_MODES,
+    ),
+    Option(
+        "int8_layers",
+        "--int8-layers",
+        "CLEF_INT8_LAYERS",
+        str.strip,
+        "with --weights int8: late (layers from 3/8 of the depth on, default), all, or comma-separated "
+        "layer indices",
+        "LAYERS",
+    ),
+    Option(
+        "prefill_chunk",
+        "--prefill-chunk",
+        "CLEF_PREFILL_CHUNK",
+        parse_int,
+        "run the backbone in calls of N tokens over the hybrid cache (default: one pass)",
+        "N",
+    ),
+    Option(
+        "max_length",
+        "--max-length",
+        "CLEF_MAX_LENGTH",
+        parse_int,
+        "maximum tokens per request; longer states lose their tail (default 16384, as the reference)",
+        "N",
+    ),
+    Option(
+        "cache_mb",
+        "--cache-mb",
+        "CLEF_CACHE_MB",
+        parse_float,
+        "state-cache budget in MiB: repeated and growing states skip their prefill (default 10% of free "
+        "memory up to 4 GiB; 0 turns it off)",
+        "MB",
+    ),
+    Option(
+        "snapshot_interval",
+        "--snapshot-interval",
+        "CLEF_SNAPSHOT_INTERVAL",
+        parse_int,
+        "inside long states, keep a state-cache snapshot every N tokens so extended states resume near "
+        "their end (default 512; 0: only at state ends)",
+        "N",
+    ),
+    Option(
+        "image_mode",
+        "--image-mode",
+        "CLEF_IMAGE_MODE",
+        parse_lower,
+        "image preprocessing: native (the reference processor), g256 or g448 (default native)",
+        "MODE",
+        choices=IMAGE_MODES,
+    ),
+    Option(
+        "image_max_tokens",
+        "--image-max-tokens",
+        "CLEF_IMAGE_MAX_TOKENS",
+        parse_int,
+        "most merged tokens per image in native mode (default 1024)",
+        "N",
+    ),
+    Option(
+        "confidence",
+        "--confidence",
+        "CLEF_CONFIDENCE",
+        parse_lower,
+        "confidence of choice/score answers: seed (top probability, default), typesafe "
+        "(chance-corrected) or workers-ai ((n*sum p^2 - 1)/(n - 1))",
+        "MODE",
+        choices=CONFIDENCE_MODES,
+    ),
+    Option(
+        "calibration",
+        "--calibration",
+        "CLEF_CALIBRATION",
+        str,
+        "a calibration.json from 'clef calibrate': temperatures applied to every answer (default none)",
+        "FILE",
+    ),
+)
+
+#: The engine options that change how a request is encoded (``clef encode`` takes only these).
+ENCODE_OPTION_FIELDS = ("max_length", "image_mode", "image_max_tokens")
