@@ -50,46 +50,73 @@ def _error_object(exc: ClefError) -> dict[str, Any]:
     return {"error": {"type": exc.error_type, "message": exc.message}}
 
 
+class InputFileError(Exception):
+    """The input file cannot be opened or read; the message says which and why."""
+
+
 def _open_input(path: str) -> IO[str]:
+    """The input stream: stdin for ``-``, else the file opened as UTF-8. Raises :class:`InputFileError`."""
     if path == "-":
         return sys.stdin
-    return open(path, encoding="utf-8")
+    try:
+        return open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _read_requests(path: str, jsonl: bool) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, decoded JSON or a RequestValidationError) for each request of the input."""
-    stream = _open_input(path)
+def _decoded(text: str) -> Any:
+    """The JSON value of one request's text, or a RequestValidationError (never raises)."""
+    try:
+        # NaN/Infinity literals are not JSON; a number too large for a float (1e400) parses to inf and is
+        # refused by the protocol, naming the field.
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        return RequestValidationError.single((), f"malformed JSON: {exc}", "json_invalid")
+    except ValueError as exc:  # an integer of more than 4300 digits, a NaN/Infinity literal
+        return RequestValidationError.single((), f"malformed JSON: {exc}", "json_invalid")
+    except RecursionError:
+        return RequestValidationError.single((), "malformed JSON: nested too deeply", "json_invalid")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _read_requests(stream: IO[str], jsonl: bool) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, decoded JSON or a RequestValidationError) for each request of ``stream`` (closed
+    at the end unless it is stdin). Raises :class:`InputFileError` when the text is not UTF-8."""
+    name = getattr(stream, "name", "input")
     try:
         if not jsonl:
-            text = stream.read()
-            try:
-                yield 1, json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield 1, RequestValidationError.single((), f"malformed JSON: {exc}", "json_invalid")
+            yield 1, _decoded(stream.read())
             return
         for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield number, RequestValidationError.single((), f"malformed JSON: {exc}", "json_invalid")
+            if line.strip():
+                yield number, _decoded(line)
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"cannot read {name}: it is not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {name}: {exc.strerror or exc}") from None
     finally:
         if stream is not sys.stdin:
             stream.close()
 
 
 def _run_per_request(
-    args: argparse.Namespace, handle: Callable[[Any], dict[str, Any]], *, pretty: bool = True
+    args: argparse.Namespace,
+    stream: IO[str],
+    handle: Callable[[Any], dict[str, Any]],
+    *,
+    pretty: bool = True,
 ) -> int:
-    """Apply ``handle`` to each request of the input and print the results (one JSON per line with --jsonl).
+    """Apply ``handle`` to each request of ``stream`` and print the results (one JSON per line with --jsonl).
 
     Without --jsonl an invalid request exits 2 with one line on stderr; with --jsonl an ``{"error"}`` line
     is written and the rest continue (exit 2 at the end if any failed).
     """
     failed = False
     out = sys.stdout
-    for _number, item in _read_requests(args.file, args.jsonl):
+    for _number, item in _read_requests(stream, args.jsonl):
         try:
             if isinstance(item, ClefError):
                 raise item
@@ -114,14 +141,16 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
     from clef_runtime.encoding.tokenizer import ClefTokenizer, TokenizerLoadError
 
+    options = EngineOptions.from_sources(args, os.environ, fields=ENCODE_OPTION_FIELDS)
     try:
         tokenizer = ClefTokenizer.load(args.tokenizer)
     except TokenizerLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    options = EngineOptions.from_sources(args, os.environ, fields=ENCODE_OPTION_FIELDS)
     encoder = Encoder(tokenizer_for_encoding(tokenizer), max_length=options.max_length)
-    return _run_per_request(args, lambda request: encoder.encode(request).to_json(), pretty=False)
+    return _run_per_request(
+        args, args.stream, lambda request: encoder.encode(request).to_json(), pretty=False
+    )
 
 
 def _load_clef(args: argparse.Namespace) -> Any:
@@ -136,18 +165,14 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     from clef_runtime.model.memory import InsufficientMemoryError
 
     try:
+        # Clef.load itself warns (once) when the model is untrained.
         clef = _load_clef(args)
     except OptionsError:
         raise
     except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    if clef.untrained:
-        print(
-            f"note: model {clef.name!r} is untrained (random weights): answers are meaningless",
-            file=sys.stderr,
-        )
-    return _run_per_request(args, clef.decide)
+    return _run_per_request(args, args.stream, clef.decide)
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -176,8 +201,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_option_arguments(parser, (MODEL_OPTION, *ENGINE_OPTIONS))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``clef`` argument parser."""
+def build_parser(*, bench_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``clef`` argument parser. ``bench_arguments=False`` leaves out ``clef bench``'s own options, whose
+    module imports torch (``main`` adds them only when the command line names ``bench``)."""
     from clef_runtime import __version__
 
     parser = argparse.ArgumentParser(prog="clef", description="Run Clef decision models.")
@@ -213,20 +239,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="run the benchmark suite")
-    try:
-        from clef_runtime.bench import add_bench_arguments
-    except ImportError:
-        add_bench_arguments = None
-    if add_bench_arguments is not None:
-        add_bench_arguments(bench)
+    if bench_arguments:
+        try:
+            from clef_runtime.bench import add_bench_arguments
+        except ImportError:
+            pass
+        else:
+            add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clef`` console script; returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Only `clef bench` pays for importing its module (torch): `clef --help` and `clef encode` start fast.
+    parser = build_parser(bench_arguments="bench" in argv)
     args = parser.parse_args(argv)
+    if args.command in ("encode", "decide"):
+        # Before any heavy import or model load: a wrong path fails at once.
+        try:
+            args.stream = _open_input(args.file)
+        except InputFileError as exc:
+            print(f"clef {args.command}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     if args.command in ("decide", "serve", "bench"):
         # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
         from clef_runtime.model.kernels import configure_cpu_threads
@@ -234,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_cpu_threads()
     try:
         return int(args.func(args))
-    except OptionsError as exc:
+    except (OptionsError, InputFileError) as exc:
         print(f"clef {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+import os
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -176,6 +180,7 @@ def test_online_download_fetches_only_release_files(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(resolve_module, "_hub_unreachable", lambda endpoint: None)  # "the Hub answers"
     resolved = resolve_model("Cloudflare/clef-flash")
     assert resolved.path == tiny_dir
     (call,) = calls
@@ -203,3 +208,55 @@ def test_online_download_fetches_only_release_files(monkeypatch: pytest.MonkeyPa
     resolve_model("Other/model")
     assert calls[-1]["revision"] == "main"
     assert resolve_module.PINNED_REVISION == PINNED_REVISION
+
+
+HUB_PROBE = """
+import sys
+from clef_runtime.model.resolve import ModelResolutionError, resolve_model
+try:
+    print(resolve_model(sys.argv[1]).path)
+except ModelResolutionError as error:
+    print(error)
+"""
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends: connections are refused
+
+
+def _resolve_without_network(spec: str, hub: Path) -> subprocess.CompletedProcess[str]:
+    # A fresh process: huggingface_hub reads HF_ENDPOINT at import. Nothing leaves the machine.
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}",
+        "HF_HUB_CACHE": str(hub),
+        "HF_HUB_OFFLINE": "0",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", HUB_PROBE, spec],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_an_unreachable_hub_fails_at_once_with_one_message_saying_what_to_do(tmp_path: Path) -> None:
+    done = _resolve_without_network("Cloudflare/clef-flash", tmp_path / "hub")
+    assert done.returncode == 0, done.stderr
+    # No retry warnings (huggingface_hub retries an unreachable Hub five times, ~25 s), no traceback.
+    assert "Retry" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    (message,) = done.stdout.strip().splitlines()
+    assert "cannot be reached" in message
+    assert f"hf download Cloudflare/clef-flash --revision {PINNED_REVISION}" in message
+    assert "HF_HUB_OFFLINE=1" in message and "--model DIR" in message
+
+
+def test_an_unreachable_hub_still_loads_a_cached_copy(tmp_path: Path, tiny_dir: Path) -> None:
+    snapshot = _hf_cache(tmp_path / "hub", "Org/tiny-clef", REVISION, tiny_dir)
+    done = _resolve_without_network("Org/tiny-clef", tmp_path / "hub")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(snapshot)

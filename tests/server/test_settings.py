@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
     "batch_window_ms": (["--batch-window-ms", "2.5"], "2.5", 2.5),
     "log_requests": (["--log-requests"], "true", True),
+    "latency_ms": (["--latency-ms"], "1", True),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
 }
 

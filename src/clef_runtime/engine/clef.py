@@ -248,7 +248,7 @@ class Clef:
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
         resolved = resolve_model(model)
         if resolved.is_tiny:
-            logger.warning("model %r is UNTRAINED (random weights): its answers are meaningless", model)
+            logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
         info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
         backbone = Backbone.load(
             resolved.path,

@@ -134,6 +134,42 @@ def _is_tiny_dir(path: Path) -> bool:
     return isinstance(marker, dict) and marker.get("tiny") is True
 
 
+_PROBE_TIMEOUT_S = 5.0
+"""How long to wait for the Hub to answer before using the local cache alone. Without it huggingface_hub
+retries an unreachable Hub five times with backoff (about 25 s) and then fails the same way."""
+
+
+def _hf_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT.rstrip("/")
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the Hub at ``endpoint`` cannot be reached (one short phrase), or None when it answers at all (any
+    HTTP status: errors such as 401 or 404 are reported by the download itself). One request, no retries;
+    huggingface_hub's shared HTTP client is used, so proxies and certificates are the download's."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    timeout = min(_PROBE_TIMEOUT_S, float(constants.HF_HUB_ETAG_TIMEOUT))
+    try:
+        get_session().head(f"{endpoint}/api/models", timeout=timeout)
+    except Exception as error:  # any failure to get an HTTP answer (refused, DNS, proxy, TLS, timeout)
+        if "timeout" in type(error).__name__.lower():
+            return f"no answer within {timeout:g} s"
+        return _one_line(error)
+    return None
+
+
+def _how_to_get(repo_id: str, revision: str) -> str:
+    return (
+        f"with network access run `hf download {repo_id} --revision {revision}` (then it is cached); to use "
+        "a copy already in the Hugging Face cache set HF_HUB_OFFLINE=1; or pass a local release directory "
+        "with --model DIR"
+    )
+
+
 def _download(repo_id: str, revision: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -146,16 +182,14 @@ def _download(repo_id: str, revision: str) -> Path:
 
     offline = _hf_offline()
     cache = _hf_cache_dir()
-    how = (
-        f"download it first with `hf download {repo_id} --revision {revision}` (network access, "
-        f"HF_HUB_OFFLINE unset) or pass a local directory"
-    )
+    unreachable = None if offline else _hub_unreachable(_hf_endpoint())
     try:
         snapshot = snapshot_download(
             repo_id,
             revision=revision,
             cache_dir=cache,
-            local_files_only=offline,
+            # An unreachable Hub: the cache alone, at once (a cached copy still loads).
+            local_files_only=offline or unreachable is not None,
             allow_patterns=list(RELEASE_FILE_PATTERNS),
             ignore_patterns=["*.py"],
         )
@@ -165,22 +199,25 @@ def _download(repo_id: str, revision: str) -> Path:
         ) from error
     except RevisionNotFoundError as error:
         raise ModelResolutionError(f"Hugging Face repo {repo_id!r} has no revision {revision!r}") from error
-    except LocalEntryNotFoundError as error:
-        if offline:
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        where = f"the local Hugging Face cache ({cache})"
+        if unreachable is not None:
             message = (
-                f"{repo_id}@{revision} is not in the local Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 "
-                f"forbids downloading; {how}"
+                f"downloading {repo_id}@{revision} failed: the Hugging Face Hub at {_hf_endpoint()} cannot "
+                f"be reached ({unreachable}) and the model is not in {where}"
             )
+        elif offline:
+            message = f"{repo_id}@{revision} is not in {where} and HF_HUB_OFFLINE=1 forbids downloading"
         else:
-            message = f"{repo_id}@{revision} could not be downloaded and is not cached in {cache}: {error}"
-        raise ModelResolutionError(message) from error
-    except (HfHubHTTPError, OSError) as error:
-        if offline:
-            raise ModelResolutionError(
-                f"{repo_id}@{revision} is not complete in the local Hugging Face cache ({cache}); {how}"
-            ) from error
-        raise ModelResolutionError(f"downloading {repo_id}@{revision} failed: {error}") from error
+            message = f"downloading {repo_id}@{revision} failed ({_one_line(error)})"
+        raise ModelResolutionError(f"{message}; {_how_to_get(repo_id, revision)}") from error
     return Path(snapshot)
+
+
+def _one_line(error: BaseException) -> str:
+    # huggingface_hub's messages run over several lines; the first says what happened.
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def resolve_model(spec: str) -> ResolvedModel:

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -57,6 +58,7 @@ from clef_runtime.protocol.systemone import (
     MIN_CHOICE_OPTIONS,
     MIN_SCORE_LEVELS,
 )
+from clef_runtime.protocol.values import StrictText, Text, check_json_value, check_text, check_text_before
 
 __all__ = [
     "DecisionChoiceAnswer",
@@ -96,31 +98,36 @@ class _Part(BaseModel):
 
 class InputTextPart(_Part):
     type: Literal["input_text"]
-    text: StrictStr
+    text: StrictText
 
 
 class OutputTextPart(_Part):
     type: Literal["output_text"]
-    text: StrictStr
+    text: StrictText
 
 
 class RefusalPart(_Part):
     type: Literal["refusal"]
-    refusal: StrictStr
+    refusal: StrictText
 
 
 class InputJsonPart(_Part):
     type: Literal["input_json"]
     data: dict[str, Any] | list[dict[str, Any]]
 
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_is_json(cls, value: Any) -> Any:
+        return check_json_value(value) if isinstance(value, dict | list) else value
+
 
 class InputImagePart(_Part):
     """An image, as an inline ``data:`` URL (remote URLs and ``file_id`` are refused by the engine)."""
 
     type: Literal["input_image"]
-    image_url: str | None = None
-    detail: str | None = None
-    file_id: str | None = None
+    image_url: Text | None = None
+    detail: Text | None = None
+    file_id: Text | None = None
 
 
 def _part_tag(value: Any) -> str | None:
@@ -167,15 +174,15 @@ class InputMessage(_Item):
 
 class FunctionCallItem(_Item):
     type: Literal["function_call"]
-    call_id: StrictStr
-    name: StrictStr
-    arguments: StrictStr
-    namespace: StrictStr | None = None
+    call_id: StrictText
+    name: StrictText
+    arguments: StrictText
+    namespace: StrictText | None = None
 
 
 class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
-    call_id: StrictStr
+    call_id: StrictText
     output: TextOrParts
 
     @field_validator("output", mode="before")
@@ -186,15 +193,15 @@ class FunctionCallOutputItem(_Item):
 
 class CustomToolCallItem(_Item):
     type: Literal["custom_tool_call"]
-    call_id: StrictStr
-    name: StrictStr
-    input: StrictStr
-    namespace: StrictStr | None = None
+    call_id: StrictText
+    name: StrictText
+    input: StrictText
+    namespace: StrictText | None = None
 
 
 class CustomToolCallOutputItem(_Item):
     type: Literal["custom_tool_call_output"]
-    call_id: StrictStr
+    call_id: StrictText
     output: TextOrParts
 
     @field_validator("output", mode="before")
@@ -226,7 +233,9 @@ InputItem = Annotated[
 
 # ----------------------------------------------------------------------------------------- questions
 
-QuestionName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_QUESTION_ID_CHARS)]
+QuestionName = Annotated[
+    StrictStr, Field(min_length=1, max_length=MAX_QUESTION_ID_CHARS), BeforeValidator(check_text_before)
+]
 
 
 class _DecisionQuestion(BaseModel):
@@ -251,7 +260,9 @@ class DecisionPredicateQuestion(_DecisionQuestion):
 
 def _choice_value(value: Any) -> Any:
     # One clear error instead of one per union member (str, bool).
-    if isinstance(value, str | bool):
+    if isinstance(value, str):
+        return check_text(value)
+    if isinstance(value, bool):
         return value
     raise PydanticCustomError("choice_value_type", "a choice value must be a string or a boolean")
 
@@ -267,7 +278,7 @@ class DecisionChoiceOption(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     value: ChoiceValue = Field(description="A string or a boolean; echoed typed in the answer.")
-    description: StrictStr | None = None
+    description: StrictText | None = None
 
 
 class DecisionChoiceQuestion(_DecisionQuestion):
@@ -282,8 +293,8 @@ class DecisionChoiceQuestion(_DecisionQuestion):
 class DecisionScoreLevel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    label: StrictStr
-    description: StrictStr | None = None
+    label: StrictText
+    description: StrictText | None = None
 
 
 class DecisionScoreQuestion(_DecisionQuestion):
@@ -321,7 +332,7 @@ class DecisionsRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: StrictStr | None = Field(default=None, description="Any model name is accepted.")
+    model: StrictText | None = Field(default=None, description="Any model name is accepted.")
     input: Annotated[
         list[InputItem],
         Field(min_length=1),
@@ -418,6 +429,10 @@ def _strip_union_tags(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     node = data
     tag_dropped = False  # at most one discriminator tag per object
     for seg in loc:
+        if isinstance(node, str):
+            # Deeper segments were made up by the string shorthand (``"input": "..."`` stands for a message
+            # with one text part): the string is the field the caller sent.
+            break
         if (
             isinstance(node, dict)
             and not tag_dropped
@@ -487,9 +502,9 @@ def parse_decisions_request(data: Any) -> DecisionsRequest:
     except ValidationError as exc:
         errors: list[ErrorItem] = []
         for err in exc.errors(include_url=False):
-            errors.append(
-                {"loc": _strip_union_tags(tuple(err["loc"]), data), "msg": err["msg"], "type": err["type"]}
-            )
+            # A problem inside a value (a key of input_json data, say) carries its path within the field.
+            loc = (*err["loc"], *(err.get("ctx") or {}).get("path", ()))
+            errors.append({"loc": _strip_union_tags(loc, data), "msg": err["msg"], "type": err["type"]})
         raise RequestValidationError(errors) from None
 
 

@@ -45,6 +45,14 @@ def format_loc(loc: Sequence[str | int]) -> str:
     return out or "body"
 
 
+def _printable(value: Any) -> Any:
+    """``value`` with any surrogate code point written as ``\\udXXX``: an error names the field whose text is
+    not valid Unicode, and its own location and message must still encode as UTF-8."""
+    if isinstance(value, str) and not value.isascii():
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 class RequestValidationError(ClefError):
     """The request is invalid. ``errors`` lists every problem found, each naming its field.
 
@@ -55,7 +63,12 @@ class RequestValidationError(ClefError):
 
     def __init__(self, errors: Iterable[ErrorItem]) -> None:
         self.errors: list[ErrorItem] = [
-            {"loc": tuple(e["loc"]), "msg": str(e["msg"]), "type": str(e["type"])} for e in errors
+            {
+                "loc": tuple(_printable(part) for part in e["loc"]),
+                "msg": _printable(str(e["msg"])),
+                "type": str(e["type"]),
+            }
+            for e in errors
         ]
         if not self.errors:
             raise ValueError("RequestValidationError needs at least one error")

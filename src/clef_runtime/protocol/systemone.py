@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.values import Text, check_json_value, check_keys
 
 __all__ = [
     "MAX_CHOICE_OPTIONS",
@@ -59,7 +60,7 @@ _ANY_JSON_SCHEMA: dict[str, Any] = {
 def _describable(value: Any) -> Any:
     # One clear error instead of pydantic's one-error-per-union-member.
     if isinstance(value, str | dict | list):
-        return value
+        return check_json_value(value)
     raise PydanticCustomError("describable_type", "must be a string, an object or an array")
 
 
@@ -67,7 +68,7 @@ def _optional_describable(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, str | dict | list):
-        return value
+        return check_json_value(value)
     raise PydanticCustomError("describable_type", "must be a string, an object, an array or null")
 
 
@@ -80,6 +81,7 @@ OptionalDescribable = Annotated[
     WithJsonSchema({"anyOf": [*_ANY_JSON_SCHEMA["anyOf"], {"type": "null"}]}),
 ]
 
+# Surrogates in ids are caught by the questions validator (check_keys), before pydantic's key check.
 QuestionId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_ID_CHARS)]
 
 
@@ -108,7 +110,7 @@ class NoulQuestion(_QuestionBase):
             raise PydanticCustomError(
                 "noul_criteria_type", "noul criteria must be an object with the keys 'true' and/or 'false'"
             )
-        return value
+        return check_keys(value)
 
 
 class ChoiceQuestion(_QuestionBase):
@@ -127,7 +129,7 @@ class ChoiceQuestion(_QuestionBase):
             raise PydanticCustomError(
                 "choice_criteria_type", "choice criteria must be an object mapping option id to description"
             )
-        return value
+        return check_keys(value)
 
 
 class ScoreQuestion(_QuestionBase):
@@ -160,11 +162,16 @@ class SystemOneRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = Field(default=None, description="Any model name is accepted (e.g. jev-latest).")
+    model: Text | None = Field(default=None, description="Any model name is accepted (e.g. jev-latest).")
     state: Annotated[Any, PlainValidator(_describable), WithJsonSchema(_ANY_JSON_SCHEMA)] = Field(
         description="The state to decide about: a string, or JSON rendered compactly with sorted keys."
     )
     questions: Annotated[dict[QuestionId, Question], Field(min_length=1, max_length=MAX_QUESTIONS)]
+
+    @field_validator("questions", mode="before")
+    @classmethod
+    def _question_ids_are_text(cls, value: Any) -> Any:
+        return check_keys(value)
 
 
 # ----------------------------------------------------------------------------------------------- responses
@@ -218,6 +225,8 @@ def _clean_error(err: dict[str, Any]) -> ErrorItem:
     # Discriminated unions insert the tag into the location: questions.<id>.choice.criteria.
     if len(loc) >= 3 and loc[0] == "questions" and loc[2] in QUESTION_TYPES:
         del loc[2]
+    # A problem inside a value (a key or item of the state, say) carries its path within the field.
+    loc.extend((err.get("ctx") or {}).get("path", ()))
     if type_ in _TAG_ERRORS:
         loc.append("type")
         if type_ == "union_tag_not_found":

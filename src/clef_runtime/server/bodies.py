@@ -24,10 +24,11 @@ class ClientGone(Exception):
 
 
 def _too_large(limit: int, what: str) -> ApiError:
+    """413 for a body over ``limit``; ``what`` says how large it is ("is 5000 bytes (Content-Length)")."""
     return ApiError(
         413,
         "request_too_large",
-        f"the request body {what} exceeds the limit of {limit} bytes (--max-body-bytes)",
+        f"the request body {what}, over the limit of {limit} bytes (--max-body-bytes)",
         extra={"limit": limit},
     )
 
@@ -43,14 +44,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         if not declared.strip().isdigit():
             raise ApiError(400, "invalid_request_error", f"malformed Content-Length header: {declared!r}")
         if int(declared) > limit:
-            raise _too_large(limit, f"({declared} bytes)")
+            raise _too_large(limit, f"is {int(declared)} bytes (Content-Length)")
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise _too_large(limit, "")
+                # A chunked body has no declared length: say how far the read got before it stopped.
+                raise _too_large(
+                    limit, f"reached {size} bytes when reading stopped (sent without Content-Length)"
+                )
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone() from None
@@ -93,7 +97,7 @@ def _decode_one(data: bytes, encoding: str, limit: int) -> bytes:
             f"unsupported Content-Encoding {encoding!r}; use zstd, gzip, deflate or none",
         )
     if len(out) > limit:
-        raise _too_large(limit, "after decompression")
+        raise _too_large(limit, f"decompresses to at least {len(out)} bytes")
     return out
 
 

@@ -44,6 +44,14 @@ def configure_logging(level: str) -> None:
         stream=sys.stderr,
         force=True,
     )
+    # huggingface_hub adds a handler of its own to its logger: with ours on the root, each of its warnings
+    # (download retries) would print twice. Its records go through ours alone.
+    hub_logger = logging.getLogger("huggingface_hub")
+    import huggingface_hub.utils.logging  # noqa: F401  (adds that handler now, so it can be removed)
+
+    for handler in list(hub_logger.handlers):
+        hub_logger.removeHandler(handler)
+    hub_logger.propagate = True
 
 
 def serve(settings: ServerSettings, *, engine_factory: EngineFactory | None = None) -> int:
@@ -91,7 +99,8 @@ def serve(settings: ServerSettings, *, engine_factory: EngineFactory | None = No
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if fatal:
-        logger.error("exiting: the model could not be loaded (%s)", fatal[0])
+        # The loader has logged what failed and what to do.
+        logger.info("exiting with status 1: the model could not be loaded")
         return 1
     if not server.started:
         return 1

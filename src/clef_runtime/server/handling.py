@@ -141,7 +141,7 @@ def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONRe
 
     ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
     left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
-    header carries it there).
+    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``.
     """
     runtime = runtime_of(request)
     out = dict(body)
@@ -149,6 +149,8 @@ def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONRe
     if not runtime.settings.deterministic:
         started = getattr(request.state, "started_at", time.perf_counter())
         out["x_latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        if runtime.settings.latency_ms:
+            out["latency_ms"] = out["x_latency_ms"]
     types = prepared.question_types
     for kind in types:
         runtime.metrics.questions.labels(kind).inc()

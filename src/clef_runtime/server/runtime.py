@@ -74,6 +74,16 @@ def load_clef(settings: ServerSettings) -> DecisionEngine:
     return Clef.load(settings.model, settings.engine_options())
 
 
+def _expected_load_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure ``Clef.load`` reports with a complete message (a missing or damaged
+    checkpoint, a failed download, not enough memory, a bad option) rather than a bug."""
+    from clef_runtime.model.checkpoint import CheckpointError
+    from clef_runtime.model.memory import InsufficientMemoryError
+    from clef_runtime.options import OptionsError
+
+    return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
+
+
 class Arrival:
     """One request on its way to the batcher; :meth:`done` (idempotent) when it is submitted or fails."""
 
@@ -197,7 +207,11 @@ class ServerRuntime:
             with self._lock:
                 if self._state == "loading":
                     self._state = "failed"
-            logger.exception("loading model %r failed", settings.model)
+            if _expected_load_error(exc):
+                # The message says what failed and what to do; a traceback would only bury it.
+                logger.error("loading model %r failed: %s", settings.model, exc)
+            else:
+                logger.exception("loading model %r failed", settings.model)
             if self._on_fatal is not None:
                 self._on_fatal(exc)
             return

@@ -70,6 +70,8 @@ class ServerSettings:
     on_overflow: Literal["truncate", "reject"] = "truncate"
     batch_window_ms: float = 5.0
     log_requests: bool = False
+    latency_ms: bool = False
+    """Also put the server time in a top-level ``latency_ms`` (what systemone-client and Krite read)."""
     log_level: str = "info"
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
@@ -212,6 +214,15 @@ OPTIONS: tuple[Option, ...] = (
         "CLEF_LOG_REQUESTS",
         parse_bool,
         "also log request bodies (never logged otherwise)",
+        kind="bool",
+    ),
+    Option(
+        "latency_ms",
+        "--latency-ms",
+        "CLEF_LATENCY_MS",
+        parse_bool,
+        "also report the server time as a top-level latency_ms in responses, where "
+        "systemone-client reads it (off by default: jevcompat wants extra fields x_-prefixed)",
         kind="bool",
     ),
     Option(
