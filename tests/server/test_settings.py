@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from clef_runtime.server.cli import add_serve_arguments, run_serve
 from clef_runtime.options import EngineOptions
+from clef_runtime.server.cli import add_serve_arguments, run_serve
 from clef_runtime.server.settings import (
     ALL_SERVE_OPTIONS,
     ServerSettings,
@@ -51,6 +51,12 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
     "batch_window_ms": (["--batch-window-ms", "2.5"], "2.5", 2.5),
     "log_requests": (["--log-requests"], "true", True),
+    "jobs": (["--jobs", "off"], "off", False),
+    "jobs_db": (["--jobs-db", "/tmp/j.sqlite3"], "/tmp/j.sqlite3", "/tmp/j.sqlite3"),
+    "jobs_max_lines": (["--jobs-max-lines", "10"], "10", 10),
+    "jobs_max_bytes": (["--jobs-max-bytes", "1MiB"], "1MiB", 1024 * 1024),
+    "jobs_max_active": (["--jobs-max-active", "2"], "2", 2),
+    "jobs_batch_size": (["--jobs-batch-size", "4"], "4", 4),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
 }
 
