@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 # The built-in tokenizer and the tiny checkpoint are built once into this directory and reused between
@@ -11,6 +12,9 @@ os.environ.setdefault(
     "CLEF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "clef-cache")
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Servers built by tests open their batch-jobs database under the user data directory: keep it out of the
+# home directory, one fresh directory per run (tests that submit jobs use a database of their own).
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="clef-tests-data-")
 
 # Flush-to-zero and the thread setup must happen before torch's first parallel operation, or OpenMP worker
 # threads keep computing with denormals (~100x slower in the DeltaNet decay); the CLI does the same.

@@ -189,6 +189,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    from clef_runtime.jobs.client import run_jobs
+
+    return run_jobs(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from clef_runtime.bench import run_bench
 
@@ -237,6 +243,12 @@ def build_parser(*, bench_arguments: bool = True) -> argparse.ArgumentParser:
 
     add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
+
+    jobs = sub.add_parser("jobs", help="submit and follow durable batch jobs on a server (/v1/jobs)")
+    from clef_runtime.jobs.client import add_jobs_arguments
+
+    add_jobs_arguments(jobs)
+    jobs.set_defaults(func=_cmd_jobs)
 
     bench = sub.add_parser("bench", help="run the benchmark suite")
     if bench_arguments:

@@ -52,6 +52,12 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "batch_window_ms": (["--batch-window-ms", "2.5"], "2.5", 2.5),
     "log_requests": (["--log-requests"], "true", True),
     "latency_ms": (["--latency-ms"], "1", True),
+    "jobs": (["--jobs", "off"], "off", False),
+    "jobs_db": (["--jobs-db", "/tmp/j.sqlite3"], "/tmp/j.sqlite3", "/tmp/j.sqlite3"),
+    "jobs_max_lines": (["--jobs-max-lines", "10"], "10", 10),
+    "jobs_max_bytes": (["--jobs-max-bytes", "1MiB"], "1MiB", 1024 * 1024),
+    "jobs_max_active": (["--jobs-max-active", "2"], "2", 2),
+    "jobs_batch_size": (["--jobs-batch-size", "4"], "4", 4),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
 }
 

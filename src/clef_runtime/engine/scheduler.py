@@ -24,6 +24,10 @@ Rules, in order of importance:
   the error.
 * Deterministic mode: every item runs alone, in arrival order, so its result never depends on what else
   was waiting (batch composition changes padding and therefore floating-point results slightly).
+* Priority: items submitted with ``background=True`` (batch-job lines) wait in their own lane, outside
+  ``max_queue``. They run only when no interactive item is waiting or on its way, in small batches
+  (``background_batch_size``), so an interactive request that arrives meanwhile waits at most for one
+  small batch; they are never mixed into an interactive batch (that would make it slower).
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class DynamicBatcher(Generic[P, R]):
         on_batch: Callable[[BatchStats], None] | None = None,
         arrivals: Callable[[], int] | None = None,
         name: str = "clef-batcher",
+        background_batch_size: int = 4,
+        max_background: int = 1024,
     ) -> None:
         """Configure the batcher; call :meth:`start` to launch the worker.
 
@@ -125,6 +131,8 @@ class DynamicBatcher(Generic[P, R]):
             raise ValueError("window_s must be >= 0")
         if length_ratio < 1:
             raise ValueError("length_ratio must be >= 1")
+        if background_batch_size < 1 or max_background < 1:
+            raise ValueError("background_batch_size and max_background must be at least 1")
         self._run_batch = run_batch
         self.max_queue = max_queue
         self.max_batch_tokens = max_batch_tokens
@@ -136,6 +144,9 @@ class DynamicBatcher(Generic[P, R]):
         self._arrivals = arrivals
         self._name = name
         self._pending: list[_Item[P, R]] = []  # arrival order
+        self._background: list[_Item[P, R]] = []  # arrival order; runs only when _pending is empty
+        self.background_batch_size = 1 if deterministic else background_batch_size
+        self.max_background = max_background
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._closing = False
@@ -156,11 +167,13 @@ class DynamicBatcher(Generic[P, R]):
             self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
             self._thread.start()
 
-    def submit(self, payload: P, tokens: int) -> Future[R]:
+    def submit(self, payload: P, tokens: int, *, background: bool = False) -> Future[R]:
         """Queue one item and return the future of its result.
 
+        ``background`` items (batch-job lines) go to the low-priority lane (see the module docstring).
         Cancel the future to drop the item if it has not started yet. Raises :class:`QueueFullError` when
-        ``max_queue`` items are already waiting and :class:`SchedulerClosedError` after :meth:`close`.
+        ``max_queue`` interactive items (or ``max_background`` background items) are already waiting and
+        :class:`SchedulerClosedError` after :meth:`close`.
         """
         if tokens < 0:
             raise ValueError("tokens must be >= 0")
@@ -168,10 +181,13 @@ class DynamicBatcher(Generic[P, R]):
             if self._closing:
                 raise SchedulerClosedError("the server is shutting down")
             self._drop_cancelled()
-            if len(self._pending) >= self.max_queue:
-                raise QueueFullError(len(self._pending), self._estimate_wait_locked())
+            lane, bound = (
+                (self._background, self.max_background) if background else (self._pending, self.max_queue)
+            )
+            if len(lane) >= bound:
+                raise QueueFullError(len(lane), self._estimate_wait_locked())
             item: _Item[P, R] = _Item(payload, int(tokens), next(self._seq), time.monotonic())
-            self._pending.append(item)
+            lane.append(item)
             self._cond.notify_all()
         return item.future
 
@@ -185,6 +201,12 @@ class DynamicBatcher(Generic[P, R]):
         """Items waiting (not yet running), cancelled ones included until the worker sweeps them."""
         with self._cond:
             return len(self._pending)
+
+    @property
+    def background_depth(self) -> int:
+        """Background items waiting."""
+        with self._cond:
+            return len(self._background)
 
     @property
     def running(self) -> int:
@@ -207,10 +229,13 @@ class DynamicBatcher(Generic[P, R]):
         with :class:`SchedulerClosedError`. Waits up to ``timeout`` seconds for the worker to finish."""
         with self._cond:
             self._closing = True
+            # Background items are never drained: their owner (the job runner) keeps them durably and
+            # resumes them after a restart.
+            for item in self._background if drain else [*self._pending, *self._background]:
+                if item.future.set_running_or_notify_cancel():
+                    item.future.set_exception(SchedulerClosedError("the server shut down"))
+            self._background.clear()
             if not drain:
-                for item in self._pending:
-                    if item.future.set_running_or_notify_cancel():
-                        item.future.set_exception(SchedulerClosedError("the server shut down"))
                 self._pending.clear()
             self._cond.notify_all()
             thread = self._thread
@@ -224,7 +249,8 @@ class DynamicBatcher(Generic[P, R]):
 
     def _fail_pending(self, exc: BaseException) -> None:
         with self._cond:
-            items, self._pending = self._pending, []
+            items, self._pending = [*self._pending, *self._background], []
+            self._background = []
         for item in items:
             if item.future.set_running_or_notify_cancel():
                 item.future.set_exception(exc)
@@ -236,6 +262,8 @@ class DynamicBatcher(Generic[P, R]):
     def _drop_cancelled(self) -> None:
         if any(item.future.cancelled() for item in self._pending):
             self._pending = [item for item in self._pending if not item.future.cancelled()]
+        if any(item.future.cancelled() for item in self._background):
+            self._background = [item for item in self._background if not item.future.cancelled()]
 
     def _window_is_full(self) -> bool:
         return (
@@ -243,25 +271,34 @@ class DynamicBatcher(Generic[P, R]):
             or sum(item.tokens for item in self._pending) >= self.max_batch_tokens
         )
 
-    def _nothing_on_the_way(self) -> bool:
+    def _background_may_run(self) -> bool:
+        """Background items wait while an interactive request is on its way (and never run while closing)."""
+        return bool(self._background) and not self._closing and self._nothing_on_the_way(default=True)
+
+    def _nothing_on_the_way(self, default: bool = False) -> bool:
         if self._arrivals is None:
-            return False
+            return default
         try:
             return self._arrivals() <= 0
         except Exception:  # a broken hint must not stall the worker
             return True
 
     def _select_locked(self) -> list[_Item[P, R]]:
-        """Take the next batch out of ``_pending``: the oldest item plus compatible followers."""
+        """Take the next batch: the oldest interactive item plus compatible followers; with no interactive
+        item waiting, a small batch of background items."""
         self._drop_cancelled()
-        if not self._pending:
+        if self._pending:
+            lane, size = self._pending, self.max_batch_size
+        elif self._background:
+            lane, size = self._background, self.background_batch_size
+        else:
             return []
-        oldest = self._pending[0]
+        oldest = lane[0]
         batch = [oldest]
         shortest = longest = max(oldest.tokens, 1)
         if not self.deterministic:
-            for item in self._pending[1:]:
-                if len(batch) >= self.max_batch_size:
+            for item in lane[1:]:
+                if len(batch) >= size:
                     break
                 length = max(item.tokens, 1)
                 new_shortest, new_longest = min(shortest, length), max(longest, length)
@@ -272,25 +309,31 @@ class DynamicBatcher(Generic[P, R]):
                 batch.append(item)
                 shortest, longest = new_shortest, new_longest
         chosen = set(map(id, batch))
-        self._pending = [item for item in self._pending if id(item) not in chosen]
+        if lane is self._pending:
+            self._pending = [item for item in lane if id(item) not in chosen]
+        else:
+            self._background = [item for item in lane if id(item) not in chosen]
         # A future cancelled between the sweep and now is dropped here; after this call it cannot be.
         return [item for item in batch if item.future.set_running_or_notify_cancel()]
 
     def _worker(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending:
+                while not self._pending and not self._closing and not self._background_may_run():
+                    # With background work waiting, re-check soon: an arriving interactive request is
+                    # counted by ``arrivals`` before it is submitted.
+                    self._cond.wait(0.05 if self._background else None)
+                if not self._pending and not self._background_may_run():
                     return  # closing and drained
-                # Wait for company: until the oldest item has waited window_s, a batch is full, or nothing
-                # more is on its way.
-                deadline = self._pending[0].enqueued_at + self.window_s
-                while not self._closing and not self._window_is_full() and not self._nothing_on_the_way():
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
+                if self._pending:
+                    # Wait for company: until the oldest item has waited window_s, a batch is full, or
+                    # nothing more is on its way.
+                    deadline = self._pending[0].enqueued_at + self.window_s
+                    while not self._closing and not self._window_is_full() and not self._nothing_on_the_way():
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
                 batch = self._select_locked()
                 self._running_items = len(batch)
             if batch:

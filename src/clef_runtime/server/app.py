@@ -26,9 +26,11 @@ from clef_runtime import __version__
 from clef_runtime.protocol.decisions import DecisionsRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.errors import error_body, install_error_handlers
+from clef_runtime.server.jobs import JobsService
 from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
+from clef_runtime.server.routes_jobs import router as jobs_router
 from clef_runtime.server.routes_systemone import router as systemone_router
 from clef_runtime.server.runtime import EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
@@ -99,7 +101,8 @@ class RequestContextMiddleware:
             self.metrics.inflight.dec()
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
-            label = path if path in self.route_paths else "unmatched"
+            matched = getattr(scope.get("route"), "path", None)  # a route template such as /v1/jobs/{job_id}
+            label = matched if isinstance(matched, str) else path if path in self.route_paths else "unmatched"
             code = status[0] if status else 500
             self.metrics.observe_request(label, scope.get("method", ""), code, elapsed)
             _log_request(scope, state, label, code, elapsed)
@@ -164,14 +167,21 @@ def create_app(
     """
     metrics = ServerMetrics()
     runtime = ServerRuntime(settings, engine_factory or load_clef, metrics, on_fatal=on_fatal)
+    # Opened now, so a damaged or foreign jobs database stops the server before it listens.
+    jobs = JobsService.open(settings, runtime) if settings.jobs else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime.start_loading()
+        if jobs is not None:
+            jobs.start_when_ready()
         try:
             yield
         finally:
-            # Runs after uvicorn has finished every accepted request; drains the batcher.
+            # Runs after uvicorn has finished every accepted request. Job lines in flight finish or stay
+            # unanswered (resumed after a restart); then the batcher drains the interactive requests.
+            if jobs is not None:
+                await anyio.to_thread.run_sync(jobs.stop)
             await anyio.to_thread.run_sync(runtime.stop)
 
     app = FastAPI(
@@ -183,12 +193,20 @@ def create_app(
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.metrics = metrics
+    app.state.jobs = jobs
     install_error_handlers(app)
     app.include_router(systemone_router)
     app.include_router(decisions_router)
     app.include_router(info_router)
+    app.include_router(jobs_router)
     # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.
-    all_routes = [*app.routes, *systemone_router.routes, *decisions_router.routes, *info_router.routes]
+    all_routes = [
+        *app.routes,
+        *systemone_router.routes,
+        *decisions_router.routes,
+        *info_router.routes,
+        *jobs_router.routes,
+    ]
     route_paths = frozenset(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )

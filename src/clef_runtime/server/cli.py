@@ -72,7 +72,13 @@ def serve(settings: ServerSettings, *, engine_factory: EngineFactory | None = No
         if server_box:
             server_box[0].should_exit = True
 
-    app = create_app(settings, engine_factory=engine_factory, on_fatal=on_fatal)
+    from clef_runtime.jobs.store import JobStoreError
+
+    try:
+        app = create_app(settings, engine_factory=engine_factory, on_fatal=on_fatal)
+    except JobStoreError as exc:
+        logger.error("%s", exc)
+        return 1
     config = uvicorn.Config(
         app,
         host=settings.host,

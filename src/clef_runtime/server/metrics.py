@@ -71,6 +71,12 @@ class ServerMetrics:
             ["route", "method", "status"],
             registry=r,
         )
+        self.job_lines = Counter(
+            "clef_job_lines",
+            "Batch-job lines answered (done) or failed.",
+            ["outcome"],
+            registry=r,
+        )
         self.latency = Histogram(
             "clef_request_duration_seconds",
             "Time from request arrival to response, by route.",

@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -224,6 +224,7 @@ class ServerRuntime:
             deterministic=settings.deterministic,
             on_batch=self.metrics.observe_batch,
             arrivals=lambda: self._arriving,
+            background_batch_size=settings.jobs_batch_size,
         )
         batcher.start()
         seconds = time.monotonic() - self._load_started
@@ -341,6 +342,16 @@ class ServerRuntime:
         self._arriving -= 1
         if self._arriving == 0 and self._batcher is not None:
             self._batcher.wake()
+
+    def submit_background(self, prepared: Prepared) -> Future[dict[str, Any]]:
+        """Queue a prepared request in the batcher's background lane (batch-job lines: they run only when no
+        interactive request waits). Returns the future of the engine's response. Raises
+        :class:`SchedulerClosedError` when the server is not ready or is shutting down, QueueFullError when
+        the background lane is full."""
+        batcher = self._batcher
+        if self._state != "ready" or batcher is None:
+            raise SchedulerClosedError("the engine is not ready")
+        return batcher.submit(prepared.item, prepared.input_tokens, background=True)
 
     async def decide(
         self, prepared: Prepared, request: Request | None, arrival: Arrival | None = None

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from clef_runtime.options import (
@@ -73,6 +75,18 @@ class ServerSettings:
     latency_ms: bool = False
     """Also put the server time in a top-level ``latency_ms`` (what systemone-client and Krite read)."""
     log_level: str = "info"
+    jobs: bool = True
+    """Serve the batch-job routes (/v1/jobs)."""
+    jobs_db: str | None = None
+    """The jobs database (SQLite); None: ``jobs.sqlite3`` in the user data directory."""
+    jobs_max_lines: int = 100_000
+    """Lines per job."""
+    jobs_max_bytes: int = 256 * MiB
+    """Bytes per job body (compressed and decompressed)."""
+    jobs_max_active: int = 16
+    """Queued or running jobs per API key (all callers share one with auth off)."""
+    jobs_batch_size: int = 1
+    """Job lines per engine call; an interactive request arriving meanwhile waits for at most one call."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -82,7 +96,16 @@ class ServerSettings:
             problems.append("--model is required (or set CLEF_MODEL)")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port must be 0..65535, got {self.port}")
-        for name in ("max_queue", "max_batch_tokens", "max_batch_size", "max_body_bytes"):
+        for name in (
+            "max_queue",
+            "max_batch_tokens",
+            "max_batch_size",
+            "max_body_bytes",
+            "jobs_max_lines",
+            "jobs_max_bytes",
+            "jobs_max_active",
+            "jobs_batch_size",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
@@ -109,6 +132,15 @@ class ServerSettings:
         if self.max_input_tokens is None:
             return self.max_length
         return min(self.max_length, self.max_input_tokens)
+
+    @property
+    def jobs_db_path(self) -> Path:
+        """Where the jobs database lives: ``--jobs-db``, else ``$XDG_DATA_HOME/clef-runtime/jobs.sqlite3``
+        (``~/.local/share/...`` without the variable)."""
+        if self.jobs_db:
+            return Path(self.jobs_db).expanduser()
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "clef-runtime" / "jobs.sqlite3"
 
     @property
     def auth_enabled(self) -> bool:
@@ -207,6 +239,55 @@ OPTIONS: tuple[Option, ...] = (
         float,
         "how long an idle engine waits for more requests to batch (default 5)",
         "MS",
+    ),
+    Option(
+        "jobs",
+        "--jobs",
+        "CLEF_JOBS",
+        parse_bool,
+        "serve the durable batch-job routes /v1/jobs: on (default) or off",
+        "on|off",
+    ),
+    Option(
+        "jobs_db",
+        "--jobs-db",
+        "CLEF_JOBS_DB",
+        str,
+        "the jobs database file (SQLite; default jobs.sqlite3 in $XDG_DATA_HOME/clef-runtime)",
+        "PATH",
+    ),
+    Option(
+        "jobs_max_lines",
+        "--jobs-max-lines",
+        "CLEF_JOBS_MAX_LINES",
+        parse_int,
+        "lines per batch job (default 100000)",
+        "N",
+    ),
+    Option(
+        "jobs_max_bytes",
+        "--jobs-max-bytes",
+        "CLEF_JOBS_MAX_BYTES",
+        parse_size,
+        "bytes per batch-job body, compressed and decompressed (default 256MiB)",
+        "N",
+    ),
+    Option(
+        "jobs_max_active",
+        "--jobs-max-active",
+        "CLEF_JOBS_MAX_ACTIVE",
+        parse_int,
+        "queued or running jobs per API key (default 16); one more gets 429",
+        "N",
+    ),
+    Option(
+        "jobs_batch_size",
+        "--jobs-batch-size",
+        "CLEF_JOBS_BATCH_SIZE",
+        parse_int,
+        "job lines per engine call, run only when no interactive request waits (default 1: an interactive "
+        "request arriving meanwhile waits for at most one line; larger batches raise job throughput)",
+        "N",
     ),
     Option(
         "log_requests",

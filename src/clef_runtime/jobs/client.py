@@ -1,0 +1,195 @@
+"""``clef jobs submit | status | results | cancel | list``: a small client of a server's /v1/jobs routes.
+
+Standard library only (urllib), so the command needs nothing beyond the package. Errors come back as
+:class:`JobsClientError` with the server's message; the CLI prints one line and exits 2 (bad input) or 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "run_jobs"]
+
+DEFAULT_URL = "http://127.0.0.1:8094"
+
+
+class JobsClientError(Exception):
+    """A request failed: ``status`` (0 when the server could not be reached) and the server's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class JobsClient:
+    """Calls one server's job routes."""
+
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def _call(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url + path, data=body, method=method)
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        for key, value in (headers or {}).items():
+            request.add_header(key, value)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            raise JobsClientError(exc.code, _message(exc.read())) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise JobsClientError(0, f"cannot reach {self.url}: {reason}") from None
+
+    def submit(
+        self, body: bytes, *, idempotency_key: str | None = None, skip_invalid: bool = False
+    ) -> dict[str, Any]:
+        """POST /v1/jobs; returns the job."""
+        headers = {"Content-Type": "application/jsonl"}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        query = "?skip_invalid=true" if skip_invalid else ""
+        _, data = self._call("POST", "/v1/jobs" + query, body, headers)
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        """GET /v1/jobs/{id}."""
+        result: dict[str, Any] = json.loads(self._call("GET", f"/v1/jobs/{job_id}")[1])
+        return result
+
+    def results(self, job_id: str) -> bytes:
+        """GET /v1/jobs/{id}/results: the JSONL of the finished lines."""
+        return self._call("GET", f"/v1/jobs/{job_id}/results")[1]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """DELETE /v1/jobs/{id}."""
+        result: dict[str, Any] = json.loads(self._call("DELETE", f"/v1/jobs/{job_id}")[1])
+        return result
+
+    def list(self, limit: int = 20) -> dict[str, Any]:
+        """GET /v1/jobs."""
+        result: dict[str, Any] = json.loads(self._call("GET", f"/v1/jobs?limit={limit}")[1])
+        return result
+
+
+def _message(data: bytes) -> str:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")[:500]
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, dict):
+        return str(detail.get("message", detail))
+    if isinstance(detail, list):
+        lines = [
+            f"{'.'.join(str(part) for part in item.get('loc', []))}: {item.get('msg')}"
+            for item in detail[:20]
+        ]
+        more = body.get("invalid_lines")
+        head = f"{more} invalid line(s)" if more else "invalid request"
+        return head + "\n  " + "\n  ".join(lines)
+    return json.dumps(body)[:500]
+
+
+def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``clef jobs`` subcommands."""
+    parser.add_argument(
+        "--url", default=None, help=f"the server (default $CLEF_URL, else {DEFAULT_URL}) [env CLEF_URL]"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="API key (default $CLEF_API_KEY; prefer the variable) [env CLEF_API_KEY]",
+    )
+    actions = parser.add_subparsers(dest="jobs_command", required=True)
+    submit = actions.add_parser("submit", help="submit a JSONL file (one System One request per line)")
+    submit.add_argument("file", metavar="FILE|-")
+    submit.add_argument("--idempotency-key", default=None, help="resubmitting with it returns the same job")
+    submit.add_argument("--skip-invalid", action="store_true", help="record invalid lines as failed")
+    submit.add_argument("--wait", action="store_true", help="wait until the job finishes (progress bar)")
+    status = actions.add_parser("status", help="a job's status and counts")
+    status.add_argument("job_id")
+    status.add_argument("--wait", action="store_true", help="wait until the job finishes (progress bar)")
+    results = actions.add_parser("results", help="print (or --out) the results as JSONL")
+    results.add_argument("job_id")
+    results.add_argument("--out", default=None, metavar="FILE")
+    cancel = actions.add_parser("cancel", help="cancel a job (finished lines are kept)")
+    cancel.add_argument("job_id")
+    actions.add_parser("list", help="your jobs, newest first")
+
+
+def _progress(job: dict[str, Any], stream: IO[str]) -> None:
+    counts = job["counts"]
+    finished = counts["done"] + counts["failed"]
+    total = max(counts["total"], 1)
+    width = 30
+    filled = int(width * finished / total)
+    stream.write(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {finished}/{counts['total']} "
+        f"({counts['failed']} failed) {job['status']}   "
+    )
+    stream.flush()
+
+
+def _wait(client: JobsClient, job: dict[str, Any]) -> dict[str, Any]:
+    terminal = sys.stderr.isatty()
+    while job["status"] in ("queued", "running"):
+        if terminal:
+            _progress(job, sys.stderr)
+        time.sleep(0.5)
+        job = client.status(job["id"])
+    if terminal:
+        _progress(job, sys.stderr)
+        sys.stderr.write("\n")
+    return job
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    """Entry point of ``clef jobs``. Returns 0, 1 (server or network failure) or 2 (bad input)."""
+    url = args.url or os.environ.get("CLEF_URL") or DEFAULT_URL
+    client = JobsClient(url, args.api_key or os.environ.get("CLEF_API_KEY"))
+    try:
+        if args.jobs_command == "submit":
+            try:
+                body = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+            except OSError as exc:
+                print(f"error: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+            job = client.submit(body, idempotency_key=args.idempotency_key, skip_invalid=args.skip_invalid)
+            if args.wait:
+                job = _wait(client, job)
+            print(json.dumps(job))
+        elif args.jobs_command == "status":
+            job = client.status(args.job_id)
+            if args.wait:
+                job = _wait(client, job)
+            print(json.dumps(job))
+        elif args.jobs_command == "results":
+            data = client.results(args.job_id)
+            if args.out:
+                Path(args.out).write_bytes(data)
+            else:
+                sys.stdout.write(data.decode("utf-8"))
+        elif args.jobs_command == "cancel":
+            print(json.dumps(client.cancel(args.job_id)))
+        else:
+            print(json.dumps(client.list()))
+    except JobsClientError as exc:
+        print(f"error: {exc.message}" + (f" (HTTP {exc.status})" if exc.status else ""), file=sys.stderr)
+        return 2 if exc.status in (400, 404, 409, 413, 415, 422) else 1
+    return 0

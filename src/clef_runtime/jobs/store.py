@@ -1,0 +1,445 @@
+"""Durable batch jobs in SQLite (the standard library's sqlite3, WAL).
+
+A job is the lines of one JSONL submission. Every line is stored at submission; every answer (or per-line
+error) is committed as it is produced, in its own transaction, keyed by ``(job, line)``. That key makes a
+line's result unique: after any crash (``kill -9`` included) the runner resumes a job from the lines that
+have no result yet, so no line is lost and none is answered twice.
+
+The file is ours only if its ``application_id`` says so: a damaged or foreign file is refused at open with
+:class:`JobStoreError`, never silently reused or overwritten. Writes that fail (a full disk, a read-only
+file) raise :class:`JobStoreUnavailable`, which the server maps to 503 while the interactive routes go on.
+
+No HTTP and no model here: the server's routes and the runner use this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "APPLICATION_ID",
+    "IdempotencyConflict",
+    "JobLine",
+    "JobRecord",
+    "JobStatus",
+    "JobStore",
+    "JobStoreError",
+    "JobStoreUnavailable",
+    "LineResult",
+    "owner_of",
+]
+
+#: ``PRAGMA application_id`` of a clef-runtime jobs database ("CLFJ").
+APPLICATION_ID = 0x434C464A
+SCHEMA_VERSION = 1
+
+JobStatus = Literal["queued", "running", "completed", "cancelled"]
+
+_SCHEMA = """
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    status TEXT NOT NULL,
+    total INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    idempotency_key TEXT,
+    body_digest TEXT NOT NULL,
+    seq INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX jobs_idempotency ON jobs(owner, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX jobs_owner_seq ON jobs(owner, seq);
+CREATE TABLE lines (
+    job_id TEXT NOT NULL REFERENCES jobs(id),
+    line INTEGER NOT NULL,
+    custom_id TEXT,
+    request TEXT,
+    invalid TEXT,
+    PRIMARY KEY (job_id, line)
+) WITHOUT ROWID;
+CREATE TABLE results (
+    job_id TEXT NOT NULL REFERENCES jobs(id),
+    line INTEGER NOT NULL,
+    ok INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (job_id, line)
+) WITHOUT ROWID;
+"""
+
+
+class JobStoreError(RuntimeError):
+    """The database cannot be used: damaged, foreign, or of an unknown schema version (the message says
+    which file and what to do). Raised at open, so the server refuses to start instead of losing jobs."""
+
+
+class JobStoreUnavailable(RuntimeError):
+    """A write or read failed at run time (disk full, read-only file, I/O error): the job routes answer 503,
+    the interactive routes are unaffected."""
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different body (HTTP 409)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"the Idempotency-Key was already used for job {job_id} with a different body")
+        self.job_id = job_id
+
+
+def owner_of(api_key: str | None) -> str:
+    """The owner id of jobs created with ``api_key``: a digest, so keys are never stored ("" when auth is
+    off)."""
+    if not api_key:
+        return ""
+    return hashlib.sha256(b"clef-jobs\x00" + api_key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One submitted line: its 1-based number, ``custom_id``, the request JSON text (None when invalid) and,
+    for a line refused at submission with ``skip_invalid``, the error object as JSON text."""
+
+    line: int
+    custom_id: str | None
+    request: str | None
+    invalid: str | None = None
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """The committed outcome of one line: ``ok`` with the System One response, or the error object."""
+
+    line: int
+    custom_id: str | None
+    ok: bool
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's status and counts, as the API reports it."""
+
+    id: str
+    owner: str
+    status: JobStatus
+    total: int
+    done: int
+    failed: int
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    def as_api(self) -> dict[str, Any]:
+        """The ``GET /v1/jobs/{id}`` body."""
+        finished = self.done + self.failed
+        return {
+            "id": self.id,
+            "object": "job",
+            "status": self.status,
+            "counts": {"total": self.total, "done": self.done, "failed": self.failed},
+            "progress": round(finished / self.total, 4) if self.total else 1.0,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+def _iso(stamp: float | None) -> str | None:
+    if stamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"
+
+
+class JobStore:
+    """Jobs, their lines and results in one SQLite file. Thread-safe (one connection behind a lock: SQLite
+    serialises writers anyway, and every call is short)."""
+
+    def __init__(self, path: str | Path) -> None:
+        """Open (or create) the database at ``path``. Raises :class:`JobStoreError` for a damaged or foreign
+        file, or one that cannot be created."""
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists() and self.path.stat().st_size > 0
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+            self._db.row_factory = sqlite3.Row
+            self._open(existed)
+        except sqlite3.DatabaseError as exc:
+            raise JobStoreError(
+                f"the jobs database {self.path} cannot be used ({exc}); it is damaged or not a clef-runtime "
+                "jobs database: move it away (nothing was changed) or point --jobs-db elsewhere"
+            ) from None
+        except OSError as exc:
+            raise JobStoreError(f"the jobs database {self.path} cannot be opened: {exc}") from None
+
+    def _open(self, existed: bool) -> None:
+        db = self._db
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        if existed:
+            if app_id != APPLICATION_ID:
+                raise sqlite3.DatabaseError("application_id is not clef-runtime's")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {version}, this release reads {SCHEMA_VERSION}")
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+        db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed result survives a power cut too, not only a killed process.
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        if not existed:
+            with self._transaction():
+                for statement in _SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise JobStoreUnavailable(f"the jobs database {self.path} failed: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise JobStoreUnavailable(f"the jobs database {self.path} failed: {exc}") from None
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()
+
+    # ----------------------------------------------------------------------------------------- writes
+
+    def create(
+        self,
+        owner: str,
+        lines: Sequence[JobLine],
+        *,
+        body_digest: str,
+        idempotency_key: str | None = None,
+    ) -> tuple[JobRecord, bool]:
+        """Store a new job with its lines (lines refused at submission get their failed result at once).
+
+        With ``idempotency_key``: the same key and body return the existing job (``created`` False); the
+        same key with another body raises :class:`IdempotencyConflict`. Returns ``(job, created)``.
+        Raises :class:`JobStoreUnavailable` when the write fails.
+        """
+        now = time.time()
+        with self._guard(), self._transaction() as db:
+            if idempotency_key is not None:
+                row = db.execute(
+                    "SELECT id, body_digest FROM jobs WHERE owner = ? AND idempotency_key = ?",
+                    (owner, idempotency_key),
+                ).fetchone()
+                if row is not None:
+                    if row["body_digest"] != body_digest:
+                        raise IdempotencyConflict(row["id"])
+                    existing = self._get_locked(row["id"])
+                    assert existing is not None
+                    return existing, False
+            job_id = "job_" + uuid.uuid4().hex
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            db.execute(
+                "INSERT INTO jobs (id, owner, status, total, created_at, idempotency_key, body_digest, seq) "
+                "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                (job_id, owner, len(lines), now, idempotency_key, body_digest, seq),
+            )
+            db.executemany(
+                "INSERT INTO lines (job_id, line, custom_id, request, invalid) VALUES (?, ?, ?, ?, ?)",
+                [(job_id, item.line, item.custom_id, item.request, item.invalid) for item in lines],
+            )
+            db.executemany(
+                "INSERT INTO results (job_id, line, ok, payload, finished_at) VALUES (?, ?, 0, ?, ?)",
+                [(job_id, item.line, item.invalid, now) for item in lines if item.invalid is not None],
+            )
+            if lines and all(item.invalid is not None for item in lines):
+                db.execute(
+                    "UPDATE jobs SET status = 'completed', started_at = ?, finished_at = ? WHERE id = ?",
+                    (now, now, job_id),
+                )
+            record = self._get_locked(job_id)
+        assert record is not None
+        return record, True
+
+    def record_result(self, job_id: str, line: int, ok: bool, payload: dict[str, Any]) -> bool:
+        """Commit one line's outcome (its own transaction). Returns False when the line already has one (it
+        is never overwritten: exactly once) or the job was cancelled. Raises :class:`JobStoreUnavailable`."""
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        with self._guard(), self._transaction() as db:
+            status = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if status is None or status["status"] == "cancelled":
+                return False
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO results (job_id, line, ok, payload, finished_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (job_id, line, int(ok), text, time.time()),
+            )
+            return cursor.rowcount == 1
+
+    def mark_running(self, job_id: str) -> None:
+        """queued -> running (sets started_at once)."""
+        with self._guard(), self._transaction() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
+                "WHERE id = ? AND status = 'queued'",
+                (time.time(), job_id),
+            )
+
+    def finish_if_done(self, job_id: str) -> bool:
+        """Mark the job completed when every line has a result. Returns True if it is (now) completed."""
+        with self._guard(), self._transaction() as db:
+            row = db.execute(
+                "SELECT status, total, (SELECT COUNT(*) FROM results WHERE job_id = jobs.id) AS finished "
+                "FROM jobs WHERE id = ?",
+                (job_id,),
+            ).fetchone()
+            if row is None or row["status"] == "cancelled":
+                return False
+            if row["finished"] < row["total"]:
+                return False
+            if row["status"] != "completed":
+                db.execute(
+                    "UPDATE jobs SET status = 'completed', finished_at = ? WHERE id = ?",
+                    (time.time(), job_id),
+                )
+            return True
+
+    def cancel(self, job_id: str, owner: str) -> JobRecord | None:
+        """Cancel a job that has not finished (finished lines are kept). Returns the job, or None when it
+        does not exist for ``owner``."""
+        with self._guard(), self._transaction() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)).fetchone()
+            if row is None:
+                return None
+            if row["status"] in ("queued", "running"):
+                db.execute(
+                    "UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = ?",
+                    (time.time(), job_id),
+                )
+            return self._get_locked(job_id)
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def _get_locked(self, job_id: str) -> JobRecord | None:
+        row = self._db.execute(
+            "SELECT jobs.*, "
+            "(SELECT COUNT(*) FROM results r WHERE r.job_id = jobs.id AND r.ok = 1) AS done, "
+            "(SELECT COUNT(*) FROM results r WHERE r.job_id = jobs.id AND r.ok = 0) AS failed "
+            "FROM jobs WHERE id = ?",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return JobRecord(
+            id=row["id"],
+            owner=row["owner"],
+            status=row["status"],
+            total=row["total"],
+            done=row["done"],
+            failed=row["failed"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
+        """The job, or None when it does not exist (or belongs to another owner when ``owner`` is given)."""
+        with self._guard(), self._lock:
+            record = self._get_locked(job_id)
+        if record is None or (owner is not None and record.owner != owner):
+            return None
+        return record
+
+    def list(self, owner: str, *, limit: int = 20, after: str | None = None) -> tuple[list[JobRecord], bool]:
+        """The owner's jobs, newest first, ``limit`` at a time after the job ``after``. Returns (jobs,
+        has_more)."""
+        with self._guard(), self._lock:
+            if after is not None:
+                row = self._db.execute(
+                    "SELECT seq FROM jobs WHERE id = ? AND owner = ?", (after, owner)
+                ).fetchone()
+                bound = row["seq"] if row is not None else None
+            else:
+                bound = None
+            if bound is None:
+                rows = self._db.execute(
+                    "SELECT id FROM jobs WHERE owner = ? ORDER BY seq DESC LIMIT ?", (owner, limit + 1)
+                ).fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT id FROM jobs WHERE owner = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                    (owner, bound, limit + 1),
+                ).fetchall()
+            records = [self._get_locked(row["id"]) for row in rows[:limit]]
+        return [r for r in records if r is not None], len(rows) > limit
+
+    def active_count(self, owner: str) -> int:
+        """Jobs of ``owner`` that are queued or running."""
+        with self._guard(), self._lock:
+            return int(
+                self._db.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')", (owner,)
+                ).fetchone()[0]
+            )
+
+    def next_lines(self, limit: int) -> tuple[str, list[JobLine]] | None:
+        """The oldest unfinished job and up to ``limit`` of its lines without a result, in line order (what
+        the runner does next), or None when no job has work left."""
+        with self._guard(), self._lock:
+            jobs = self._db.execute(
+                "SELECT id FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
+            ).fetchall()
+            for job in jobs:
+                rows = self._db.execute(
+                    "SELECT line, custom_id, request FROM lines l WHERE l.job_id = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM results r WHERE r.job_id = l.job_id AND r.line = l.line) "
+                    "ORDER BY line LIMIT ?",
+                    (job["id"], limit),
+                ).fetchall()
+                if rows:
+                    return job["id"], [JobLine(r["line"], r["custom_id"], r["request"]) for r in rows]
+        return None
+
+    def unfinished_jobs(self) -> list[str]:
+        """Ids of jobs queued or running, oldest first."""
+        with self._guard(), self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
+            ).fetchall()
+        return [row["id"] for row in rows]
+
+    def results(self, job_id: str, *, after_line: int = 0, limit: int = 500) -> list[LineResult]:
+        """Committed results of a job in line order, ``limit`` at a time after ``after_line``."""
+        with self._guard(), self._lock:
+            rows = self._db.execute(
+                "SELECT r.line, l.custom_id, r.ok, r.payload FROM results r JOIN lines l "
+                "ON l.job_id = r.job_id AND l.line = r.line WHERE r.job_id = ? AND r.line > ? "
+                "ORDER BY r.line LIMIT ?",
+                (job_id, after_line, limit),
+            ).fetchall()
+        return [LineResult(r["line"], r["custom_id"], bool(r["ok"]), json.loads(r["payload"])) for r in rows]

@@ -1,0 +1,174 @@
+"""The server side of batch jobs: the store, the runner bound to this server's engine and batcher, and the
+validation of a submitted JSONL body.
+
+`JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file stops
+the server with a clear message); the runner starts once the model is ready and resumes unfinished jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from clef_runtime.jobs.runner import JobRunner, error_object
+from clef_runtime.jobs.store import JobLine, JobStore
+from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.protocol.images import extract_images
+from clef_runtime.protocol.systemone import parse_request
+from clef_runtime.server.runtime import ServerRuntime
+from clef_runtime.server.settings import ServerSettings
+
+__all__ = ["CUSTOM_ID_MAX_CHARS", "JobsService", "ParsedJob", "parse_job_body"]
+
+logger = logging.getLogger("clef_runtime.jobs")
+
+CUSTOM_ID_MAX_CHARS = 256
+#: Invalid lines listed in a 422 (the count of all of them is given too).
+MAX_LISTED_ERRORS = 100
+
+
+@dataclass(frozen=True)
+class ParsedJob:
+    """A validated JSONL body: its lines (invalid ones carry their error) and the invalid lines' errors in
+    the 422 shape."""
+
+    lines: list[JobLine]
+    errors: list[dict[str, Any]]
+    digest: str
+
+
+def _validate_line(data: Any) -> tuple[str | None, str]:
+    """Validate one decoded line; returns (custom_id, the request JSON text without custom_id). Raises
+    RequestValidationError naming the field."""
+    if not isinstance(data, dict):
+        raise RequestValidationError.single((), "a line must be a JSON object (a System One request)", "type")
+    body = dict(data)
+    custom_id = body.pop("custom_id", None)
+    if custom_id is not None and (
+        not isinstance(custom_id, str) or not 1 <= len(custom_id) <= CUSTOM_ID_MAX_CHARS
+    ):
+        raise RequestValidationError.single(
+            ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
+        )
+    request, _images = extract_images(dict(body))
+    parse_request(request)
+    return custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def parse_job_body(raw: bytes, *, max_lines: int) -> ParsedJob:
+    """Split and validate a JSONL job body (blank lines are ignored; lines are numbered as in the file, from
+    1). Returns every line, valid or not, and the errors of the invalid ones. Raises RequestValidationError
+    for a body that is not UTF-8, holds no line, or more than ``max_lines`` lines."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestValidationError.single(
+            ("body",), f"the body is not UTF-8 (byte {exc.start})", "json_invalid"
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines: list[JobLine] = []
+    errors: list[dict[str, Any]] = []
+    for number, line_text in enumerate(text.splitlines(), start=1):
+        if not line_text.strip():
+            continue
+        if len(lines) >= max_lines:
+            raise RequestValidationError.single(
+                ("body",), f"the job has more than {max_lines} lines (--jobs-max-lines)", "too_long"
+            )
+        try:
+            data = json.loads(line_text, parse_constant=_reject_constant)
+            custom_id, request = _validate_line(data)
+        except json.JSONDecodeError as exc:
+            error = RequestValidationError.single(
+                (), f"malformed JSON: {exc.msg} at column {exc.colno}", "json_invalid"
+            )
+            lines.append(JobLine(number, None, None, json.dumps(error_object(error))))
+            errors.extend(_line_errors(number, error))
+            continue
+        except (RequestValidationError, ValueError) as exc:
+            error = (
+                exc
+                if isinstance(exc, RequestValidationError)
+                else RequestValidationError.single((), str(exc), "value_error")
+            )
+            custom_id = data.get("custom_id") if isinstance(data, dict) else None
+            lines.append(
+                JobLine(
+                    number,
+                    custom_id if isinstance(custom_id, str) else None,
+                    None,
+                    json.dumps(error_object(error)),
+                )
+            )
+            errors.extend(_line_errors(number, error))
+            continue
+        lines.append(JobLine(number, custom_id, request))
+    if not lines:
+        raise RequestValidationError.single(
+            ("body",), "the job holds no line (one JSON request per line)", "missing"
+        )
+    digest = hashlib.sha256(raw).hexdigest()
+    return ParsedJob(lines, errors, digest)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _line_errors(number: int, error: RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": ["body", "line", number, *item["loc"]], "msg": item["msg"], "type": item["type"]}
+        for item in error.errors
+    ]
+
+
+class JobsService:
+    """The store and the runner of one server process."""
+
+    def __init__(self, settings: ServerSettings, runtime: ServerRuntime, store: JobStore) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.store = store
+        self.runner = JobRunner(store, self._prepare, self._submit, on_line=self._count)
+        self._started = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, settings: ServerSettings, runtime: ServerRuntime) -> JobsService:
+        """Open the store at ``settings.jobs_db_path``. Raises JobStoreError for a damaged or foreign file."""
+        store = JobStore(settings.jobs_db_path)
+        logger.info("batch jobs stored in %s", store.path)
+        return cls(settings, runtime, store)
+
+    def _prepare(self, request: Any) -> tuple[Any, int, dict[str, Any]]:
+        engine = self.runtime.require_ready()
+        prepared = self.runtime.prepare_sync(engine, request)
+        return prepared, prepared.input_tokens, {"x_truncated_state_tokens": prepared.truncated_state_tokens}
+
+    def _submit(self, prepared: Any, tokens: int) -> Any:
+        return self.runtime.submit_background(prepared)
+
+    def _count(self, ok: bool) -> None:
+        self.runtime.metrics.job_lines.labels("done" if ok else "failed").inc()
+
+    def start_when_ready(self) -> None:
+        """Start the runner once the model is loaded (on a helper thread, so startup is not blocked)."""
+
+        def wait_then_start() -> None:
+            if self.runtime.wait_until_loaded():
+                with self._lock:
+                    if not self._started:
+                        self._started = True
+                        self.runner.start()
+
+        threading.Thread(target=wait_then_start, name="clef-jobs-start", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop the runner (lines in flight stay unanswered and resume after a restart); close the store."""
+        self.runner.stop()
+        self.store.close()

@@ -1,0 +1,210 @@
+"""``/v1/jobs``: durable batch jobs (submit a JSONL body, poll, stream results, cancel, list).
+
+Jobs belong to the API key that created them (a digest of it; all callers share one owner with auth off):
+another key gets 404 for them, as if they did not exist.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from clef_runtime.jobs.store import IdempotencyConflict, JobStoreUnavailable, owner_of
+from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.server.bodies import decode_content, read_body
+from clef_runtime.server.errors import ApiError, validation_error
+from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
+from clef_runtime.server.jobs import MAX_LISTED_ERRORS, JobsService, parse_job_body
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+_IDEMPOTENCY_KEY_MAX = 256
+
+
+def _service(request: Request) -> JobsService:
+    service: JobsService | None = getattr(request.app.state, "jobs", None)
+    if service is None:
+        raise ApiError(404, "not_found_error", "batch jobs are disabled on this server (--jobs off)")
+    return service
+
+
+def _owner(request: Request) -> str:
+    authenticate(request)
+    keys = runtime_of(request).keys
+    return owner_of(keys.presented_key(request.headers) if keys.enabled else None)
+
+
+async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    except JobStoreUnavailable as exc:
+        raise ApiError(
+            503, "jobs_unavailable", f"batch jobs are unavailable: {exc}", headers={"Retry-After": "30"}
+        ) from None
+
+
+@router.post(
+    "/v1/jobs",
+    status_code=202,
+    summary="Submit a batch job: one System One request per line (JSONL), answered in the background",
+    responses={409: {"description": "Idempotency-Key reused with another body"}, **ERROR_RESPONSES},
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "maxLength": _IDEMPOTENCY_KEY_MAX},
+                "description": "The same key and body return the same job; another body -> 409",
+            }
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/jsonl": {
+                    "schema": {"type": "string"},
+                    "example": '{"custom_id": "t1", "state": "Refund please", '
+                    '"questions": {"refund": {"type": "noul"}}}\n',
+                }
+            },
+        },
+    },
+)
+async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSONResponse:
+    """Validate every line (422 listing the invalid ones, unless ``skip_invalid=true`` records them as
+    failed) and store the job; 202 with its id. Lines are answered when no interactive request waits."""
+    service = _service(request)
+    owner = _owner(request)
+    settings = service.settings
+    idempotency_key = request.headers.get("idempotency-key")
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= _IDEMPOTENCY_KEY_MAX:
+        raise ApiError(
+            400, "invalid_request_error", f"Idempotency-Key must be 1-{_IDEMPOTENCY_KEY_MAX} chars"
+        )
+    raw = await read_body(request, settings.jobs_max_bytes)
+    encoding = request.headers.get("content-encoding")
+
+    def parse() -> Any:
+        return parse_job_body(
+            decode_content(raw, encoding, settings.jobs_max_bytes), max_lines=settings.jobs_max_lines
+        )
+
+    try:
+        parsed = await anyio.to_thread.run_sync(parse)
+    except RequestValidationError as exc:
+        raise validation_error(exc.errors) from None
+    if parsed.errors and not skip_invalid:
+        invalid = sorted({e["loc"][2] for e in parsed.errors})
+        return JSONResponse(
+            {
+                "detail": parsed.errors[:MAX_LISTED_ERRORS],
+                "invalid_lines": len(invalid),
+                "message": f"{len(invalid)} invalid line(s) (first: line {invalid[0]}); fix them or submit "
+                "with ?skip_invalid=true to record them as failed",
+            },
+            status_code=422,
+        )
+    if (
+        idempotency_key is None
+        and await _store_call(service.store.active_count, owner) >= settings.jobs_max_active
+    ):
+        raise ApiError(
+            429,
+            "too_many_jobs",
+            f"{settings.jobs_max_active} jobs are already queued or running for this key (--jobs-max-active)",
+            headers={"Retry-After": "60"},
+        )
+    try:
+        record, created = await _store_call(
+            service.store.create,
+            owner,
+            parsed.lines,
+            body_digest=parsed.digest,
+            idempotency_key=idempotency_key,
+        )
+    except IdempotencyConflict as exc:
+        raise ApiError(409, "idempotency_conflict", str(exc)) from None
+    if created:
+        service.runner.notify()
+    return JSONResponse(record.as_api(), status_code=202 if created else 200)
+
+
+@router.get("/v1/jobs", summary="The caller's batch jobs, newest first")
+async def list_jobs(
+    request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = Query(None)
+) -> dict[str, Any]:
+    """``{"object": "list", "data": [job...], "has_more", "last_id"}``; pass ``after=last_id`` for the next
+    page."""
+    service = _service(request)
+    owner = _owner(request)
+    records, more = await _store_call(service.store.list, owner, limit=limit, after=after)
+    data = [r.as_api() for r in records]
+    return {"object": "list", "data": data, "has_more": more, "last_id": data[-1]["id"] if data else None}
+
+
+async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
+    service = _service(request)
+    owner = _owner(request)
+    record = await _store_call(service.store.get, job_id, owner)
+    if record is None:
+        raise ApiError(404, "not_found_error", f"no job {job_id!r} for this key")
+    return service, record
+
+
+@router.get("/v1/jobs/{job_id}", summary="A batch job's status, counts and progress")
+async def get_job(request: Request, job_id: str) -> dict[str, Any]:
+    """Status ``queued | running | completed | cancelled``, counts, progress and timestamps."""
+    _, record = await _job_or_404(request, job_id)
+    body: dict[str, Any] = record.as_api()
+    return body
+
+
+@router.get(
+    "/v1/jobs/{job_id}/results",
+    summary="A batch job's results so far, as JSONL in submission order (streamed)",
+    response_class=StreamingResponse,
+)
+async def job_results(request: Request, job_id: str) -> Response:
+    """One line per finished request: ``{"custom_id", "line", "response"}`` or ``{"custom_id", "line",
+    "error"}``, in line order; lines not answered yet are left out (fetch again later)."""
+    service, _ = await _job_or_404(request, job_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        after = 0
+        while True:
+            page = await _store_call(service.store.results, job_id, after_line=after, limit=500)
+            if not page:
+                return
+            chunk = []
+            for result in page:
+                key = "response" if result.ok else "error"
+                chunk.append(
+                    json.dumps(
+                        {"custom_id": result.custom_id, "line": result.line, key: result.payload},
+                        ensure_ascii=False,
+                        separators=(",", ":"),
+                    )
+                )
+            yield ("\n".join(chunk) + "\n").encode("utf-8")
+            after = page[-1].line
+
+    return StreamingResponse(lines(), media_type="application/jsonl")
+
+
+@router.delete("/v1/jobs/{job_id}", summary="Cancel a batch job (its finished lines are kept)")
+async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
+    """Cancel a queued or running job; a finished job is returned unchanged."""
+    service = _service(request)
+    owner = _owner(request)
+    record = await _store_call(service.store.cancel, job_id, owner)
+    if record is None:
+        raise ApiError(404, "not_found_error", f"no job {job_id!r} for this key")
+    body: dict[str, Any] = record.as_api()
+    return body
