@@ -30,7 +30,7 @@ from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
 from clef_runtime.server.runtime import DecisionEngine, Dispatcher, ServerRuntime
 from clef_runtime.server.settings import ServerSettings
 
-__all__ = ["ReplicaDispatcher", "build_application", "run_ray_serve"]
+__all__ = ["ReplicaDispatcher", "app_builder", "build_application", "run_ray_serve"]
 
 logger = logging.getLogger("clef_runtime.scale")
 
@@ -317,3 +317,15 @@ def _stop(local: bool) -> None:
     if not finished.wait(_STOP_TIMEOUT_S):
         logger.warning("Ray Serve did not stop within %d s; stopping Ray", _STOP_TIMEOUT_S)
     ray.shutdown()
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """The application for ``serve run`` / ``serve deploy`` config files
+    (``import_path: clef_runtime.scale.ray_serve:app_builder``): ``args`` holds ``model`` and any server or
+    engine option by its field name (``replicas``, ``ray_num_cpus``, ``cache_mb``, ...). Raises
+    SettingsError for a bad value."""
+    from clef_runtime.server.settings import server_settings
+
+    values = dict(args)
+    model = str(values.pop("model"))
+    return build_application(server_settings(model, ray=True, **values))
