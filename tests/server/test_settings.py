@@ -59,6 +59,15 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "jobs_max_active": (["--jobs-max-active", "2"], "2", 2),
     "jobs_batch_size": (["--jobs-batch-size", "4"], "4", 4),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
+    "ray": (["--ray"], "1", True),
+    "replicas": (["--replicas", "3"], "3", 3),
+    "min_replicas": (["--min-replicas", "1"], "1", 1),
+    "max_replicas": (["--max-replicas", "4"], "4", 4),
+    "ray_address": (["--ray-address", "auto"], "auto", "auto"),
+    "ray_num_cpus": (["--ray-num-cpus", "0.5"], "0.5", 0.5),
+    "ray_num_gpus": (["--ray-num-gpus", "1"], "1", 1.0),
+    "ray_routing": (["--ray-routing", "power-of-two"], "power-of-two", "power-of-two"),
+    "ray_max_owner_queue": (["--ray-max-owner-queue", "3"], "3", 3),
 }
 
 

@@ -38,13 +38,11 @@ from clef_runtime.engine.answers import build_response
 from clef_runtime.engine.images import (
     ImageEmbedder,
     ImageSettings,
-    PreparedImage,
-    check_images,
     load_processor_config,
-    prepare_images,
     row_positions,
 )
-from clef_runtime.engine.state_cache import StateCache, state_key
+from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
+from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState, Continuation
 from clef_runtime.model.checkpoint import verify_checkpoint
 from clef_runtime.model.head import HeadLayout, JointSchemaHead, probabilities
@@ -82,37 +80,6 @@ def default_cache_bytes(device: torch.device) -> int:
     CPU, free GPU memory on CUDA: the cached K/V and DeltaNet states live on the model's device), capped at
     4 GiB."""
     return int(min(DEFAULT_CACHE_CAP, DEFAULT_CACHE_SHARE * available_memory(device)))
-
-
-@dataclass(frozen=True, eq=False)
-class PreparedRequest:
-    """A request ready for `Clef.decide_encoded`: the parsed request (images taken out), its encoded row,
-    its images preprocessed for the vision tower (in block order) and its state-cache key.
-
-    Build it with `Clef.prepare`. ``input_tokens`` / ``truncated_state_tokens`` mirror the record's, so it
-    can stand where an ``EncodedRecord`` is expected for accounting.
-    """
-
-    request: SystemOneRequest
-    record: EncodedRecord
-    images: tuple[PreparedImage, ...] = ()
-    state_key: bytes = field(default=b"", repr=False)
-
-    def __post_init__(self) -> None:
-        check_images(self.record, self.images)
-        if not self.state_key:
-            key = state_key(self.record.input_ids[: self.record.state_end], (i.digest for i in self.images))
-            object.__setattr__(self, "state_key", key)
-
-    @property
-    def input_tokens(self) -> int:
-        """The number of tokens the model reads (``usage.input_tokens``)."""
-        return self.record.input_tokens
-
-    @property
-    def truncated_state_tokens(self) -> int:
-        """State tokens cut to fit the token limit."""
-        return self.record.truncated_state_tokens
 
 
 #: What `Clef.decide_encoded` accepts per item.
@@ -205,6 +172,7 @@ class Clef:
             vision_tower = VisionTower(resolved.path, device=backbone.device, dtype=backbone.dtype)
         self.vision_tower = vision_tower
         self._embedder = ImageEmbedder(vision_tower)
+        self.preparer = RequestPreparer(self.encoder, self.image_settings)
         self.state_cache = StateCache(cache_bytes)
         self.options = EngineOptions(
             max_length=max_length,
@@ -330,13 +298,7 @@ class Clef:
         Returns a `PreparedRequest`. Raises ``RequestValidationError`` (bad body, bad image: the error names
         the image) or ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
         """
-        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
-        parsed = parse_request(body)
-        images = prepare_images(sources, self.image_settings) if sources else ()
-        record = self.encoder.encode(
-            parsed, image_token_counts=[image.n_tokens for image in images], max_length=max_length
-        )
-        return PreparedRequest(request=parsed, record=record, images=images)
+        return self.preparer.prepare(request, max_length=max_length)
 
     def encode(self, request: Any, *, max_length: int | None = None) -> EncodedRecord:
         """Encode a request token-exactly as the reference (image blocks included: images are decoded and

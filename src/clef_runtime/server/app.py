@@ -32,7 +32,7 @@ from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
 from clef_runtime.server.routes_systemone import router as systemone_router
-from clef_runtime.server.runtime import EngineFactory, ServerRuntime, load_clef
+from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
 
 __all__ = ["RequestContextMiddleware", "create_app"]
@@ -157,16 +157,24 @@ def create_app(
     *,
     engine_factory: EngineFactory | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
+    dispatcher_factory: DispatcherFactory | None = None,
 ) -> FastAPI:
     """Build the server application.
 
     ``engine_factory(settings)`` loads the engine (default: ``Clef.load(settings.model, ...)``); it runs on
-    a background thread when the app's lifespan starts. ``on_fatal(exc)`` is called if loading fails (the
+    a background thread when the app's lifespan starts. ``dispatcher_factory`` replaces the local batcher
+    (scale-out: requests go to model replicas). ``on_fatal(exc)`` is called if loading fails (the
     CLI uses it to stop the process with a non-zero status). Returns the FastAPI app; its ``state`` holds
     ``settings``, ``runtime`` and ``metrics``.
     """
     metrics = ServerMetrics()
-    runtime = ServerRuntime(settings, engine_factory or load_clef, metrics, on_fatal=on_fatal)
+    runtime = ServerRuntime(
+        settings,
+        engine_factory or load_clef,
+        metrics,
+        on_fatal=on_fatal,
+        dispatcher_factory=dispatcher_factory,
+    )
     # Opened now, so a damaged or foreign jobs database stops the server before it listens.
     jobs = JobsService.open(settings, runtime) if settings.jobs else None
 

@@ -123,6 +123,10 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         print(f"clef serve: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    if settings.ray:
+        from clef_runtime.scale.ray_serve import run_ray_serve
+
+        return run_ray_serve(settings)
     return serve(settings)
 
 

@@ -136,9 +136,14 @@ def note(request: Request, **fields: Any) -> None:
         setattr(request.state, key, value)
 
 
-def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONResponse:
+def finish(
+    request: Request, body: dict[str, Any], prepared: Prepared, answer: dict[str, Any] | None = None
+) -> JSONResponse:
     """Add the ``x_`` extras to a response body and return it as JSON.
 
+    ``answer`` is the engine's System One response when ``body`` was mapped from it (another route's
+    shape): its ``x_replica`` / ``x_state_cache`` give the ``X-Clef-Replica`` / ``X-Clef-State-Cache``
+    headers.
     ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
     left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
     header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``.
@@ -163,7 +168,15 @@ def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONRe
         questions=len(types),
         truncated_state_tokens=prepared.truncated_state_tokens,
     )
-    response = JSONResponse(out)
+    source = out if answer is None else answer
+    replica = source.get("x_replica") or runtime.replica_id
+    out.pop("x_replica", None)
+    headers = {"X-Clef-Replica": str(replica)}
+    state_cache = source.get("x_state_cache")
+    if isinstance(state_cache, str):
+        headers["X-Clef-State-Cache"] = state_cache
+    runtime.metrics.replica_requests.labels(str(replica), state_cache or "unknown").inc()
+    response = JSONResponse(out, headers=headers)
     if runtime.settings.log_requests:
         logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))
     return response

@@ -77,6 +77,12 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.replica_requests = Counter(
+            "clef_replica_requests",
+            "Decisions answered, by the replica that answered them and its state-cache outcome.",
+            ["replica", "state_cache"],
+            registry=r,
+        )
         self.latency = Histogram(
             "clef_request_duration_seconds",
             "Time from request arrival to response, by route.",

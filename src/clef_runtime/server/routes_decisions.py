@@ -73,4 +73,4 @@ async def decisions(request: Request) -> Response:
             error = from_protocol_error(exc)
         note(request, error_type=error.error_type)
         raise error from None
-    return finish(request, to_decision_response(answer, plan), prepared)
+    return finish(request, to_decision_response(answer, plan), prepared, answer)

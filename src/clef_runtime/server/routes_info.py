@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from clef_runtime import __version__
+from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
 from clef_runtime.server.metrics import CONTENT_TYPE
 
@@ -50,7 +51,14 @@ async def ready(request: Request) -> dict[str, Any]:
     """200 ``{"status": "ready", "model"}`` when decisions can be served; 503 ``not_ready`` otherwise."""
     runtime = runtime_of(request)
     engine = runtime.require_ready()
-    return {"status": "ready", "model": engine.name}
+    body: dict[str, Any] = {"status": "ready", "model": engine.name}
+    replica_status = getattr(engine, "replica_status", None)  # scale-out only: the model replicas
+    if callable(replica_status):
+        replicas = replica_status()
+        body["replicas"] = replicas
+        if replicas["up"] == 0:
+            raise ApiError(503, "not_ready", "no model replica is running", headers={"Retry-After": "5"})
+    return body
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -64,6 +65,31 @@ class DecisionEngine(Protocol):
 EngineFactory = Callable[[ServerSettings], DecisionEngine]
 
 
+class Dispatcher(Protocol):
+    """Where prepared requests go: the local `DynamicBatcher` (one engine in this process), or a scale-out
+    dispatcher that sends each request to a model replica (`clef_runtime.scale`)."""
+
+    max_queue: int
+
+    def start(self) -> None: ...
+
+    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[dict[str, Any]]: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    def wake(self) -> None: ...
+
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None: ...
+
+
+#: Builds the dispatcher once the engine is loaded.
+DispatcherFactory = Callable[[DecisionEngine, ServerSettings, "ServerRuntime"], Dispatcher]
+
+
 def load_clef(settings: ServerSettings) -> DecisionEngine:
     """Load the model named by ``settings.model`` with the settings' engine options (the default factory).
 
@@ -82,6 +108,21 @@ def _expected_load_error(exc: BaseException) -> bool:
     from clef_runtime.options import OptionsError
 
     return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
+
+
+def local_batcher(engine: DecisionEngine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
+    """The default dispatcher: a `DynamicBatcher` over the engine in this process."""
+    return DynamicBatcher(
+        lambda items: engine.decide_encoded(items),
+        max_queue=settings.max_queue,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_size=settings.max_batch_size,
+        window_s=settings.batch_window_ms / 1000.0,
+        deterministic=settings.deterministic,
+        on_batch=runtime.metrics.observe_batch,
+        arrivals=lambda: runtime._arriving,
+        background_batch_size=settings.jobs_batch_size,
+    )
 
 
 class Arrival:
@@ -141,16 +182,20 @@ class ServerRuntime:
         metrics: ServerMetrics,
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
+        dispatcher_factory: DispatcherFactory | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._dispatcher_factory = dispatcher_factory or local_batcher
+        self.replica_id = f"{socket.gethostname()}:{settings.port}"
+        """This process's replica id (``X-Clef-Replica``): stable for the server's address."""
         self.keys = KeyChecker(settings.api_keys)
         self._factory = engine_factory
         self._on_fatal = on_fatal
         self._lock = threading.Lock()
         self._state: RuntimeState = "loading"
         self._engine: DecisionEngine | None = None
-        self._batcher: DynamicBatcher[Any, dict[str, Any]] | None = None
+        self._batcher: Dispatcher | None = None
         self._failure: str | None = None
         self._load_started = time.monotonic()
         self._loader: threading.Thread | None = None
@@ -215,17 +260,7 @@ class ServerRuntime:
             if self._on_fatal is not None:
                 self._on_fatal(exc)
             return
-        batcher: DynamicBatcher[Any, dict[str, Any]] = DynamicBatcher(
-            lambda items: engine.decide_encoded(items),
-            max_queue=settings.max_queue,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            window_s=settings.batch_window_ms / 1000.0,
-            deterministic=settings.deterministic,
-            on_batch=self.metrics.observe_batch,
-            arrivals=lambda: self._arriving,
-            background_batch_size=settings.jobs_batch_size,
-        )
+        batcher = self._dispatcher_factory(engine, settings, self)
         batcher.start()
         seconds = time.monotonic() - self._load_started
         with self._lock:

@@ -1,0 +1,98 @@
+"""Everything before the model, for one request: validate, take the images out, decode and preprocess them,
+encode the row token-exactly, compute the state-cache key.
+
+`RequestPreparer` needs only the checkpoint's tokenizer and processor config, not the weights: the engine
+uses it on any thread (no model lock), and a scale-out ingress uses it alone to find the replica that holds
+a request's state (`RequestPreparer.from_checkpoint`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clef_runtime.encoding.encoder import EncodedRecord, Encoder
+from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
+from clef_runtime.encoding.tokenizer import ClefTokenizer
+from clef_runtime.engine.images import (
+    ImageSettings,
+    PreparedImage,
+    check_images,
+    load_processor_config,
+    prepare_images,
+)
+from clef_runtime.engine.state_cache import state_key
+from clef_runtime.options import EngineOptions
+from clef_runtime.protocol.images import extract_images
+from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+
+__all__ = ["PreparedRequest", "RequestPreparer"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """A request ready for `Clef.decide_encoded`: the parsed request (images taken out), its encoded row,
+    its images preprocessed for the vision tower (in block order) and its state-cache key.
+
+    Build it with `Clef.prepare` (or `RequestPreparer.prepare`). ``input_tokens`` /
+    ``truncated_state_tokens`` mirror the record's, so it can stand where an ``EncodedRecord`` is expected
+    for accounting.
+    """
+
+    request: SystemOneRequest
+    record: EncodedRecord
+    images: tuple[PreparedImage, ...] = ()
+    state_key: bytes = field(default=b"", repr=False)
+
+    def __post_init__(self) -> None:
+        check_images(self.record, self.images)
+        if not self.state_key:
+            key = state_key(self.record.input_ids[: self.record.state_end], (i.digest for i in self.images))
+            object.__setattr__(self, "state_key", key)
+
+    @property
+    def input_tokens(self) -> int:
+        """The number of tokens the model reads (``usage.input_tokens``)."""
+        return self.record.input_tokens
+
+    @property
+    def truncated_state_tokens(self) -> int:
+        """State tokens cut to fit the token limit."""
+        return self.record.truncated_state_tokens
+
+
+class RequestPreparer:
+    """Prepares requests with one encoder and one image configuration. Thread-safe."""
+
+    def __init__(self, encoder: Encoder, image_settings: ImageSettings) -> None:
+        self.encoder = encoder
+        self.image_settings = image_settings
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, options: EngineOptions) -> RequestPreparer:
+        """A preparer for the release directory ``path`` (its tokenizer and processor config only).
+        Raises TokenizerLoadError / ValueError for unusable files."""
+        tokenizer = ClefTokenizer.load(path)
+        encoder = Encoder(tokenizer_for_encoding(tokenizer), max_length=options.max_length)
+        settings = ImageSettings(
+            mode=options.image_mode,
+            max_tokens=options.image_max_tokens,
+            processor_config=load_processor_config(path),
+        )
+        return cls(encoder, settings)
+
+    def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedRequest:
+        """One request body (a JSON-decoded dict, possibly with images in ``images`` or in the ``state``
+        array) or an already parsed ``SystemOneRequest`` (text only) -> `PreparedRequest`.
+
+        Raises ``RequestValidationError`` (bad body, bad image: the error names the image) or
+        ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
+        """
+        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
+        parsed = parse_request(body)
+        images = prepare_images(sources, self.image_settings) if sources else ()
+        record = self.encoder.encode(
+            parsed, image_token_counts=[image.n_tokens for image in images], max_length=max_length
+        )
+        return PreparedRequest(request=parsed, record=record, images=images)
