@@ -318,6 +318,9 @@ OPTIONS: tuple[Option, ...] = (
         parse_int,
         "job lines per engine call, run only when no interactive request waits (default 1: an interactive "
         "request arriving meanwhile waits for at most one line; larger batches raise job throughput)",
+        "N",
+    ),
+    Option(
         "ray",
         "--ray",
         "CLEF_RAY",
