@@ -159,3 +159,13 @@ def test_recent_requests_percentiles_are_nearest_rank_over_successes() -> None:
     recent.add(422, 9.0)
     summary = recent.summary()
     assert summary == {"total": 6, "errors": 1, "window": 4, "p50_ms": 200.0, "p95_ms": 400.0}
+
+
+def test_redoc_is_served_without_its_cdn_logo(client: TestClient) -> None:
+    shipped = (resources.files("fastapi_offline") / "static" / "redoc.standalone.js").read_bytes()
+    assert b"https://cdn.redoc.ly/redoc/logo-mini.svg" in shipped  # else the patch is obsolete
+    served = client.get("/static/vendor/redoc.standalone.js").content
+    assert b"cdn.redoc.ly/redoc/logo-mini.svg" not in served
+    assert len(served) == len(shipped) - len(b"https://cdn.redoc.ly/redoc/logo-mini.svg") + len(
+        b"/static/favicon.svg"
+    )

@@ -56,6 +56,12 @@ VENDOR_FILES = {
 }
 """``/static/vendor/<name>`` -> the file of that name in the ``fastapi_offline`` package."""
 
+_VENDOR_PATCHES = {
+    # ReDoc's side menu always shows Redocly's logo from their CDN; show our icon instead, so the page makes
+    # no request to another host (ReDoc is MIT-licensed: changing it is allowed).
+    "redoc.standalone.js": ((b"https://cdn.redoc.ly/redoc/logo-mini.svg", b"/static/favicon.svg"),),
+}
+
 _SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
@@ -73,13 +79,16 @@ def _vendor_file(name: str) -> bytes:
     """The bytes of a Swagger UI / ReDoc file shipped by ``fastapi-offline``. Raises ApiError 404 naming
     the missing package when it is not installed (the rest of the server does not need it)."""
     try:
-        return (resources.files("fastapi_offline") / "static" / name).read_bytes()
+        data = (resources.files("fastapi_offline") / "static" / name).read_bytes()
     except (ModuleNotFoundError, FileNotFoundError):
         raise ApiError(
             404,
             "not_found",
             f"{name} is not available: install the 'fastapi-offline' package to serve the API docs",
         ) from None
+    for old, new in _VENDOR_PATCHES.get(name, ()):
+        data = data.replace(old, new)
+    return data
 
 
 def _page(body: bytes | str, media_type: str, csp: str = PAGE_CSP) -> Response:

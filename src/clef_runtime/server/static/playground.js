@@ -557,7 +557,8 @@
     if (Array.isArray(detail)) {
       const unplaced = [];
       for (const item of detail) {
-        const loc = Array.isArray(item.loc) ? item.loc : [];
+        // The server prefixes every location with "body" (FastAPI's convention); the form starts below it.
+        const loc = Array.isArray(item.loc) ? item.loc.slice(item.loc[0] === "body" ? 1 : 0) : [];
         const where = loc.length ? loc.join(".") : "request";
         const message = where + ": " + item.msg;
         const el = elementFor(loc);
