@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from clef_runtime import __version__
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import runtime_of
+from clef_runtime.server.openapi_docs import json_example
 
 __all__ = ["PAGE_CSP", "STATIC_FILES", "VENDOR_FILES", "docs_csp", "router"]
 
@@ -121,7 +122,30 @@ async def status_page() -> Response:
     return _page(_our_file("status.html"), _MEDIA_TYPES[".html"])
 
 
-@router.get("/status.json", summary="The status page's figures: model, device, queue, latency, state cache")
+_STATUS_EXAMPLE = {
+    "model": "clef-flash",
+    "state": "ready",
+    "untrained": False,
+    "device": "cuda:0",
+    "weights": "bfloat16",
+    "max_input_tokens": 16384,
+    "queue_depth": 0,
+    "requests": {"total": 120, "errors": 2, "window": 118, "p50_ms": 41.3, "p95_ms": 88.0},
+    "state_cache": {"hits": 70, "misses": 48, "entries": 48, "bytes": 52428800, "hit_rate": 0.5932},
+    "auth": True,
+    "version": __version__,
+    "uptime_s": 3600.0,
+}
+
+
+@router.get(
+    "/status.json",
+    summary="The status page's figures: model, device, queue, latency, state cache",
+    description="What the status page (`/status`) shows: the model and where it runs, the queue, the number "
+    "of decision requests since start with the p50 / p95 latency of the latest successful ones (arrival to "
+    "answer, in ms), and the state cache (`hit_rate` = hits / lookups). No API key needed.",
+    responses={200: json_example("The server's figures", _STATUS_EXAMPLE)},
+)
 async def status_json(request: Request) -> JSONResponse:
     """What the status page shows, as JSON; no API key needed (like ``/health`` and ``/metrics``).
 
