@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from tests.server.browser import TinyServer, chromium_browser, tiny_server
+from tests.server.conftest import LiveServer
+from tests.server.fake_engine import FakeClef
 
 pytestmark = pytest.mark.slow
 
@@ -237,24 +239,32 @@ def test_uploaded_and_dropped_images_become_data_urls_and_are_decided(
     assert watched.console_errors == []
 
 
-def test_copy_as_gives_code_for_the_current_request(watched: Watched, server: TinyServer) -> None:
+def test_copy_as_gives_code_that_sends_the_current_request(
+    watched: Watched, server: TinyServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     page = _open_playground(watched, server)
+    request = _request_json(page)
     page.get_by_text("Copy as code").click()
     snippet = page.locator("#snippet")
     page.get_by_role("button", name="curl", exact=True).click()
-    assert f"curl -sS {server.url}/v1/systemone" in snippet.inner_text()
-    curl_json = snippet.inner_text().split("<<'JSON'\n", 1)[1].rsplit("\nJSON", 1)[0]
-    assert json.loads(curl_json) == _request_json(page)
-    page.get_by_role("button", name="Python (typesafe-sdk)").click()
-    assert "from typesafe_sdk import TypeSafeClient" in snippet.inner_text()
-    page.get_by_role("button", name="Python (systemone-client)").click()
-    code = snippet.inner_text()
-    assert "client.system_one(state, questions)" in code
-    # The Python literal is the request: run its assignments (they are plain literals).
-    namespace: dict[str, Any] = {}
-    exec(code.split("\n\nwith Client")[0].replace("from systemone import Client", ""), namespace)
-    request = _request_json(page)
-    assert namespace["state"] == request["state"] and namespace["questions"] == request["questions"]
+    curl = snippet.inner_text()
+    assert curl.startswith(f"curl -sS {server.url}/v1/systemone")
+    assert json.loads(curl.split("<<'JSON'\n", 1)[1].rsplit("\nJSON", 1)[0]) == request
+
+    # Both Python snippets run as written against this server and get an answer to every question.
+    for button, client_import in [
+        ("Python (systemone-client)", "from systemone import Client"),
+        ("Python (typesafe-sdk)", "from typesafe_sdk import TypeSafeClient"),
+    ]:
+        page.get_by_role("button", name=button).click()
+        code = snippet.inner_text()
+        assert client_import in code
+        namespace: dict[str, Any] = {}
+        exec(compile(code, button, "exec"), namespace)
+        assert namespace["state"] == request["state"] and namespace["questions"] == request["questions"]
+        printed = capsys.readouterr().out
+        for qid in request["questions"]:
+            assert qid in printed, (button, printed)
 
 
 def test_the_playground_fits_a_phone_screen(browser: Any, server: TinyServer) -> None:
@@ -308,3 +318,26 @@ def test_redoc_renders_offline(watched: Watched, server: TinyServer) -> None:
     page.get_by_role("heading", name="Answer System One questions about a state").first.wait_for()
     assert watched.console_errors == []
     assert watched.foreign_requests() == []
+
+
+def test_the_api_key_is_sent_when_given_and_kept_in_the_tab_only(
+    watched: Watched, live_fake: Callable[..., LiveServer]
+) -> None:
+    live = live_fake(FakeClef(), api_keys=("s3cret",))
+    page = watched.page
+    page.goto(live.url + "/")
+    page.wait_for_selector("body[data-ready='true']")
+    page.get_by_text("This server requires an API key").wait_for()
+    refused = _decide(page)
+    assert refused.status == 401
+    page.get_by_role("alert").filter(has_text="Enter the server's API key").wait_for()
+    page.get_by_label("API key").fill("s3cret")
+    accepted = _decide(page)
+    assert accepted.status == 200
+    assert accepted.request.headers["authorization"] == "Bearer s3cret"
+    assert page.evaluate("sessionStorage.getItem('clef-playground-api-key')") == "s3cret"
+    assert page.evaluate("localStorage.length") == 0
+    page.get_by_text("Copy as code").click()
+    page.get_by_role("button", name="curl", exact=True).click()
+    curl = page.locator("#snippet").inner_text()
+    assert "$CLEF_API_KEY" in curl and "s3cret" not in curl  # the key never lands in copied code
