@@ -14,7 +14,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # for tests.server.browser
 
 from PIL import Image  # noqa: E402
-
 from tests.server.browser import chromium_browser, tiny_server  # noqa: E402
 
 OUT = REPO / "docs" / "screenshots"

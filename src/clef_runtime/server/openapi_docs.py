@@ -190,7 +190,11 @@ def _request_body(schema: str, description: str, examples: dict[str, dict[str, A
 
 def systemone_request_body() -> dict[str, Any]:
     """The ``openapi_extra`` of ``POST /v1/systemone``: its body schema, image forms and examples."""
-    return _request_body("SystemOneRequest", IMAGES_DESCRIPTION, SYSTEMONE_EXAMPLES)
+    return _request_body(
+        "SystemOneRequest",
+        "A state, 1 to 64 questions and optional `images` (the image forms are described above).",
+        SYSTEMONE_EXAMPLES,
+    )
 
 
 def decisions_request_body() -> dict[str, Any]:
