@@ -287,7 +287,9 @@ def test_the_status_page_shows_new_figures_after_a_request(watched: Watched, ser
     page.goto(server.url + "/status")
     page.locator("#s-model").filter(has_text="tiny").wait_for()
     assert page.locator("#s-untrained").inner_text() == "no (random weights)"
-    assert page.locator("#s-device").inner_text() == "cpu"
+    backbone = server.app.state.runtime.engine.backbone
+    assert page.locator("#s-device").inner_text() == str(backbone.device)
+    assert page.locator("#s-weights").inner_text() == backbone.weight_mode
     before = int(page.locator("#s-requests").inner_text())
     body = {"state": "status check", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
     assert httpx.post(server.url + "/v1/systemone", json=body, timeout=120).status_code == 200
