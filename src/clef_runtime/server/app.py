@@ -31,6 +31,7 @@ from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
+from clef_runtime.server.routes_pages import router as pages_router
 from clef_runtime.server.routes_systemone import router as systemone_router
 from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
@@ -40,7 +41,8 @@ __all__ = ["RequestContextMiddleware", "create_app"]
 logger = logging.getLogger("clef_runtime.server")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics"})
+# /status.json is polled by the status page every few seconds.
+_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/status.json"})
 
 _DESCRIPTION = """\
 Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev) and
@@ -197,6 +199,9 @@ def create_app(
         version=__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        # routes_pages serves /docs and /redoc with local assets (FastAPI's defaults load them from a CDN).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.runtime = runtime
@@ -207,6 +212,7 @@ def create_app(
     app.include_router(decisions_router)
     app.include_router(info_router)
     app.include_router(jobs_router)
+    app.include_router(pages_router)
     # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.
     all_routes = [
         *app.routes,
@@ -214,6 +220,7 @@ def create_app(
         *decisions_router.routes,
         *info_router.routes,
         *jobs_router.routes,
+        *pages_router.routes,
     ]
     route_paths = frozenset(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)

@@ -6,7 +6,11 @@ scanner probing random paths cannot blow up the label set.
 
 from __future__ import annotations
 
+import math
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from clef_runtime.engine.scheduler import BatchStats
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "RecentRequests", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,6 +59,53 @@ class _EngineCacheCollector(Collector):
                 family = CounterMetricFamily(f"clef_cache_{safe}", f"Engine state cache: {name}.")
             family.add_metric([], float(value))
             yield family
+
+
+class RecentRequests:
+    """Exact latency percentiles of the last ``window`` decision requests (the status page's figures).
+
+    The Prometheus histograms only give bucket bounds (a p50 "between 0.5 and 1 s"); a person reading the
+    status page wants the measured figure, so the last few hundred durations are kept as they are.
+    """
+
+    def __init__(self, window: int = 500) -> None:
+        self._lock = threading.Lock()
+        self._seconds: deque[float] = deque(maxlen=window)
+        self.total = 0
+        """Decision requests finished since start (any status)."""
+        self.errors = 0
+        """Of those, the ones answered with a status of 400 or more."""
+
+    def add(self, status: int, seconds: float) -> None:
+        """Record one finished decision request; only successful ones enter the latency window."""
+        with self._lock:
+            self.total += 1
+            if status >= 400:
+                self.errors += 1
+            else:
+                self._seconds.append(seconds)
+
+    def summary(self) -> dict[str, Any]:
+        """``{"total", "errors", "window", "p50_ms", "p95_ms"}``: counts since start, and the nearest-rank
+        percentiles (milliseconds, None before the first success) over the ``window`` latest successes."""
+        with self._lock:
+            ordered = sorted(self._seconds)
+            total, errors = self.total, self.errors
+        return {
+            "total": total,
+            "errors": errors,
+            "window": len(ordered),
+            "p50_ms": _percentile_ms(ordered, 0.50),
+            "p95_ms": _percentile_ms(ordered, 0.95),
+        }
+
+
+def _percentile_ms(ordered: list[float], q: float) -> float | None:
+    # Nearest rank: the smallest value with at least q of the values at or below it (always a real sample).
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(q * len(ordered)))
+    return round(ordered[rank - 1] * 1000, 1)
 
 
 class ServerMetrics:
@@ -133,6 +184,8 @@ class ServerMetrics:
         self.load_seconds = Gauge(
             "clef_model_load_seconds", "Seconds spent loading and warming the model.", registry=r
         )
+        self.recent = RecentRequests()
+        """Decision requests (every POST route) for the status page."""
 
     def bind_queue(self, depth: Callable[[], float], running: Callable[[], float]) -> None:
         """Read queue depth and running count from the scheduler at scrape time."""
@@ -155,6 +208,9 @@ class ServerMetrics:
         """Record one finished HTTP request."""
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+        # Every POST route is a decision route; 499 (the client left) is neither a latency nor an error.
+        if method == "POST" and route != "unmatched" and status != 499:
+            self.recent.add(status, seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -27,6 +27,7 @@ from clef_runtime.server.handling import (
     read_json_body,
     runtime_of,
 )
+from clef_runtime.server.openapi_docs import DECISIONS_DESCRIPTION, decisions_request_body
 from clef_runtime.server.runtime import ClientGone
 
 __all__ = ["router"]
@@ -42,12 +43,8 @@ router = APIRouter()
         200: {"model": DecisionResponse, "description": "Answers in question order"},
         **ERROR_RESPONSES,
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecisionsRequest"}}},
-        }
-    },
+    description=DECISIONS_DESCRIPTION,
+    openapi_extra=decisions_request_body(),
 )
 async def decisions(request: Request) -> Response:
     """Map the request onto System One, answer it with the engine, map the answers back."""

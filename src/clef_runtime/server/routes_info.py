@@ -12,6 +12,7 @@ from clef_runtime import __version__
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
 from clef_runtime.server.metrics import CONTENT_TYPE
+from clef_runtime.server.openapi_docs import json_example
 
 __all__ = ["UNKNOWN_RELEASE_DATE", "router"]
 
@@ -24,7 +25,25 @@ YYYY-MM-DD string."""
 _STARTED = time.time()
 
 
-@router.get("/health", summary="Liveness: 200 while the process runs, with the loading state")
+@router.get(
+    "/health",
+    summary="Liveness: 200 while the process runs, with the loading state",
+    description="Answers 200 as long as the process runs, also while the model is still loading: use it as a "
+    "liveness probe. `state` is `loading`, `ready`, `failed` or `stopping`. No API key needed.",
+    responses={
+        200: json_example(
+            "The process is alive",
+            {
+                "status": "ok",
+                "state": "ready",
+                "ready": True,
+                "model": "clef-flash",
+                "queue_depth": 0,
+                "version": __version__,
+            },
+        )
+    },
+)
 @router.head("/health", include_in_schema=False)
 async def health(request: Request) -> dict[str, Any]:
     """Always 200 while the process is alive; ``state`` is ``loading``, ``ready``, ``failed`` or
@@ -44,7 +63,12 @@ async def health(request: Request) -> dict[str, Any]:
 @router.get(
     "/ready",
     summary="Readiness: 200 once the model is loaded and warmed, else 503",
-    responses={503: ERROR_RESPONSES[503]},
+    description="200 once decisions can be served; 503 with `Retry-After` while the model loads (or after it "
+    "failed to load). Use it as a readiness probe. No API key needed.",
+    responses={
+        200: json_example("Ready for decisions", {"status": "ready", "model": "clef-flash"}),
+        503: ERROR_RESPONSES[503],
+    },
 )
 @router.head("/ready", include_in_schema=False)
 async def ready(request: Request) -> dict[str, Any]:
@@ -61,7 +85,13 @@ async def ready(request: Request) -> dict[str, Any]:
     return body
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    description="Requests, latency, tokens, batches, queue depth and state-cache counters in the Prometheus "
+    "text format (all names start with `clef_`). No API key needed.",
+    response_class=Response,
+)
 async def metrics(request: Request) -> Response:
     """The Prometheus text exposition (requests, latency, tokens, batches, queue)."""
     return Response(runtime_of(request).metrics.render(), media_type=CONTENT_TYPE)
@@ -70,7 +100,34 @@ async def metrics(request: Request) -> Response:
 @router.get(
     "/v1/models",
     summary="The served model (Jev's `models` list plus an OpenAI-style `data` list)",
-    responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]},
+    description="The one model this server runs, as TypeSafe's SDK (`models`) and OpenAI's (`data`) expect "
+    "it. Any model name is accepted in a decision request; this is the one that answers.",
+    responses={
+        200: json_example(
+            "The served model",
+            {
+                "object": "list",
+                "models": [
+                    {
+                        "name": "clef-flash",
+                        "description": "clef-flash: Cloudflare's Clef decision model",
+                        "release_date": "2026-10-01",
+                    }
+                ],
+                "data": [
+                    {
+                        "id": "clef-flash",
+                        "object": "model",
+                        "created": 1764547200,
+                        "owned_by": "cloudflare",
+                        "max_input_tokens": 16384,
+                    }
+                ],
+            },
+        ),
+        401: ERROR_RESPONSES[401],
+        503: ERROR_RESPONSES[503],
+    },
 )
 async def models(request: Request) -> JSONResponse:
     """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...}]}``."""

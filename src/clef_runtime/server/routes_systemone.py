@@ -18,6 +18,7 @@ from clef_runtime.server.handling import (
     read_json_body,
     runtime_of,
 )
+from clef_runtime.server.openapi_docs import SYSTEMONE_DESCRIPTION, systemone_request_body
 from clef_runtime.server.runtime import ClientGone
 
 __all__ = ["router"]
@@ -33,12 +34,8 @@ router = APIRouter()
         200: {"model": SystemOneResponse, "description": "One answer per question id"},
         **ERROR_RESPONSES,
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}},
-        }
-    },
+    description=SYSTEMONE_DESCRIPTION,
+    openapi_extra=systemone_request_body(),
 )
 async def systemone(request: Request) -> Response:
     """Validate, encode (off the event loop), queue for the batcher, answer.

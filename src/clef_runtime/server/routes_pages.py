@@ -1,0 +1,248 @@
+"""Pages for people: the playground (``GET /``), the status page (``GET /status``, fed by
+``GET /status.json``), and the API docs (``/docs``, ``/redoc``) with every asset served from here.
+
+Our pages are plain HTML/CSS/JS files in ``server/static`` (no build step). Swagger UI and ReDoc come from
+the pinned ``fastapi-offline`` package, which ships their files. Every page carries a Content-Security-Policy
+that only lets the browser talk to this server, so a page can make no request to another host.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import time
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from clef_runtime import __version__
+from clef_runtime.server.errors import ApiError
+from clef_runtime.server.handling import runtime_of
+from clef_runtime.server.openapi_docs import json_example
+
+__all__ = ["PAGE_CSP", "STATIC_FILES", "VENDOR_FILES", "docs_csp", "router"]
+
+router = APIRouter()
+
+_STARTED = time.time()
+
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+"""The policy of our own pages: nothing inline, nothing from another host (data:/blob: images are the
+playground's uploaded thumbnails)."""
+
+_MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+
+STATIC_FILES = ("playground.js", "status.js", "common.js", "pages.css", "favicon.svg")
+"""Our assets, served at ``/static/<name>``; one explicit route each keeps the metrics' route labels exact."""
+
+VENDOR_FILES = {
+    "swagger-ui-bundle.js": "swagger-ui-bundle.js",
+    "swagger-ui.css": "swagger-ui.css",
+    "redoc.standalone.js": "redoc.standalone.js",
+}
+"""``/static/vendor/<name>`` -> the file of that name in the ``fastapi_offline`` package."""
+
+_VENDOR_PATCHES = {
+    # ReDoc's side menu always shows Redocly's logo from their CDN; show our icon instead, so the page makes
+    # no request to another host (ReDoc is MIT-licensed: changing it is allowed).
+    "redoc.standalone.js": ((b"https://cdn.redoc.ly/redoc/logo-mini.svg", b"/static/favicon.svg"),),
+}
+
+_SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+def _media_type(name: str) -> str:
+    return next((t for ext, t in _MEDIA_TYPES.items() if name.endswith(ext)), "application/octet-stream")
+
+
+@cache
+def _our_file(name: str) -> bytes:
+    return (resources.files("clef_runtime.server") / "static" / name).read_bytes()
+
+
+@cache
+def _vendor_file(name: str) -> bytes:
+    """The bytes of a Swagger UI / ReDoc file shipped by ``fastapi-offline``. Raises ApiError 404 naming
+    the missing package when it is not installed (the rest of the server does not need it)."""
+    try:
+        data = (resources.files("fastapi_offline") / "static" / name).read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise ApiError(
+            404,
+            "not_found",
+            f"{name} is not available: install the 'fastapi-offline' package to serve the API docs",
+        ) from None
+    for old, new in _VENDOR_PATCHES.get(name, ()):
+        data = data.replace(old, new)
+    return data
+
+
+def _page(body: bytes | str, media_type: str, csp: str = PAGE_CSP) -> Response:
+    headers = {**_SECURITY_HEADERS, "Content-Security-Policy": csp, "Cache-Control": "no-cache"}
+    return Response(body, media_type=media_type, headers=headers)
+
+
+def _add_static_route(name: str, loader: Any, url: str) -> None:
+    async def serve() -> Response:
+        return _page(loader(name), _media_type(name))
+
+    router.add_api_route(url, serve, methods=["GET"], include_in_schema=False, name=f"static:{url}")
+
+
+for _name in STATIC_FILES:
+    _add_static_route(_name, _our_file, f"/static/{_name}")
+for _name, _file in VENDOR_FILES.items():
+    _add_static_route(_file, _vendor_file, f"/static/vendor/{_name}")
+
+
+@router.get("/", include_in_schema=False)
+async def playground() -> Response:
+    """The playground: build a System One request, decide, see every option's probability as a bar."""
+    return _page(_our_file("playground.html"), _MEDIA_TYPES[".html"])
+
+
+@router.get("/status", include_in_schema=False)
+async def status_page() -> Response:
+    """The status page (it polls ``/status.json``)."""
+    return _page(_our_file("status.html"), _MEDIA_TYPES[".html"])
+
+
+_STATUS_EXAMPLE = {
+    "model": "clef-flash",
+    "state": "ready",
+    "untrained": False,
+    "device": "cuda:0",
+    "weights": "bfloat16",
+    "max_input_tokens": 16384,
+    "queue_depth": 0,
+    "requests": {"total": 120, "errors": 2, "window": 118, "p50_ms": 41.3, "p95_ms": 88.0},
+    "state_cache": {"hits": 70, "misses": 48, "entries": 48, "bytes": 52428800, "hit_rate": 0.5932},
+    "auth": True,
+    "version": __version__,
+    "uptime_s": 3600.0,
+}
+
+
+@router.get(
+    "/status.json",
+    summary="The status page's figures: model, device, queue, latency, state cache",
+    description="What the status page (`/status`) shows: the model and where it runs, the queue, the number "
+    "of decision requests since start with the p50 / p95 latency of the latest successful ones (arrival to "
+    "answer, in ms), and the state cache (`hit_rate` = hits / lookups). No API key needed.",
+    responses={200: json_example("The server's figures", _STATUS_EXAMPLE)},
+)
+async def status_json(request: Request) -> JSONResponse:
+    """What the status page shows, as JSON; no API key needed (like ``/health`` and ``/metrics``).
+
+    ``requests`` counts the decision requests (every POST route) since start; ``p50_ms`` / ``p95_ms`` are
+    measured over the latest successful ones (``window`` of them). ``state_cache`` is the engine's cache
+    counters plus ``hit_rate`` (hits / lookups, null before the first lookup), or null for an engine
+    without a state cache.
+    """
+    runtime = runtime_of(request)
+    engine = runtime.engine
+    backbone = getattr(engine, "backbone", None)
+    options = getattr(engine, "options", None)
+    return JSONResponse(
+        {
+            "model": getattr(engine, "name", None) or runtime.settings.model,
+            "state": runtime.state,
+            "untrained": getattr(engine, "untrained", None),
+            "device": _text_or_none(getattr(backbone, "device", None) or getattr(options, "device", None)),
+            "weights": _text_or_none(
+                getattr(backbone, "weight_mode", None) or getattr(options, "weights", None)
+            ),
+            "max_input_tokens": runtime.settings.input_token_limit if engine is not None else None,
+            "queue_depth": runtime.queue_depth(),
+            "requests": runtime.metrics.recent.summary(),
+            "state_cache": _cache_figures(engine),
+            "auth": runtime.keys.enabled,
+            "version": __version__,
+            "uptime_s": round(time.time() - _STARTED, 1),
+        }
+    )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _cache_figures(engine: Any) -> dict[str, Any] | None:
+    source = getattr(engine, "cache_stats", None)
+    stats = source() if callable(source) else None
+    if not stats:
+        return None
+    figures: dict[str, Any] = dict(stats)
+    lookups = stats.get("hits", 0) + stats.get("misses", 0)
+    figures["hit_rate"] = round(stats.get("hits", 0) / lookups, 4) if lookups else None
+    return figures
+
+
+# ------------------------------------------------------------------------------------------ API docs
+
+_INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
+
+
+def docs_csp(html: str) -> str:
+    """The policy for a Swagger UI / ReDoc page: scripts from this server plus the page's own inline
+    bootstrap script, allowed by its hash; inline styles (both UIs set them at run time); workers from
+    blob: (ReDoc's search); still nothing from another host."""
+    sources = ["'self'"] + [
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'"
+        for s in _INLINE_SCRIPT.findall(html)
+    ]
+    return (
+        f"default-src 'self'; script-src {' '.join(sources)}; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data: blob:; connect-src 'self'; font-src 'self' data:; worker-src 'self' blob:; "
+        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    )
+
+
+def _docs_page(response: HTMLResponse) -> Response:
+    html = bytes(response.body).decode("utf-8")
+    return _page(html, _MEDIA_TYPES[".html"], docs_csp(html))
+
+
+@router.get("/docs", include_in_schema=False)
+async def swagger_ui(request: Request) -> Response:
+    """Swagger UI with its files served from here (it works without internet)."""
+    return _docs_page(
+        get_swagger_ui_html(
+            openapi_url=request.app.openapi_url,
+            title=f"{request.app.title} - API docs",
+            swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+            swagger_css_url="/static/vendor/swagger-ui.css",
+            swagger_favicon_url="/static/favicon.svg",
+            # validatorUrl: null, or Swagger UI asks validator.swagger.io to check the schema.
+            swagger_ui_parameters={"validatorUrl": None, "tryItOutEnabled": True},
+        )
+    )
+
+
+@router.get("/redoc", include_in_schema=False)
+async def redoc(request: Request) -> Response:
+    """ReDoc with its file served from here and no web fonts from elsewhere."""
+    return _docs_page(
+        get_redoc_html(
+            openapi_url=request.app.openapi_url,
+            title=f"{request.app.title} - API reference",
+            redoc_js_url="/static/vendor/redoc.standalone.js",
+            redoc_favicon_url="/static/favicon.svg",
+            with_google_fonts=False,
+        )
+    )
