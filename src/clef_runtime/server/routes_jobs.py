@@ -20,12 +20,45 @@ from clef_runtime.server.bodies import decode_content, read_body
 from clef_runtime.server.errors import ApiError, validation_error
 from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
 from clef_runtime.server.jobs import MAX_LISTED_ERRORS, JobsService, parse_job_body
+from clef_runtime.server.openapi_docs import json_example
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 _IDEMPOTENCY_KEY_MAX = 256
+
+_JOB_EXAMPLE = {
+    "id": "job_5a0c3c0e2f7b4f0f9e1d2c3b4a596877",
+    "object": "job",
+    "status": "running",
+    "counts": {"total": 2000, "done": 812, "failed": 3},
+    "progress": 0.4075,
+    "created_at": "2026-12-01T09:00:00.000Z",
+    "started_at": "2026-12-01T09:00:00.120Z",
+    "finished_at": None,
+}
+_LINE = '{"custom_id": "%s", "state": "%s", "questions": {"refund": {"type": "noul"}}}'
+_SUBMIT_EXAMPLES = {
+    "tickets": {
+        "summary": "Two support tickets, one question each",
+        "value": "\n".join(
+            [_LINE % ("t-1", "Charged twice, please refund."), _LINE % ("t-2", "The app crashes on login.")]
+        )
+        + "\n",
+    },
+    "mixed_types": {
+        "summary": "A choice and a score question about one listing",
+        "value": '{"custom_id": "listing-9", "state": {"title": "Red bike", "price": 120}, "questions": '
+        '{"category": {"type": "choice", "criteria": {"sports": null, "toys": null}}, '
+        '"quality": {"type": "score", "criteria": ["poor", "fair", "good"]}}}\n',
+    },
+}
+_RESULTS_EXAMPLE = (
+    '{"custom_id":"t-1","line":1,"response":{"model":"tiny","answers":{"refund":{"type":"noul",'
+    '"noul":0.91}},"usage":{"input_tokens":121,"output_tokens":0},"x_truncated_state_tokens":0}}\n'
+    '{"custom_id":"t-2","line":2,"error":{"type":"invalid_request_error","message":"..."}}\n'
+)
 
 
 def _service(request: Request) -> JobsService:
@@ -54,7 +87,15 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     "/v1/jobs",
     status_code=202,
     summary="Submit a batch job: one System One request per line (JSONL), answered in the background",
-    responses={409: {"description": "Idempotency-Key reused with another body"}, **ERROR_RESPONSES},
+    description="Stores every line of a JSONL body (one System One request per line, with an optional "
+    "`custom_id`) and answers them in the background, only when no interactive request is waiting. Every "
+    "line is validated first: invalid lines give a 422 listing them (`loc: [body, line, N, ...]`), or are "
+    "recorded as failed with `?skip_invalid=true`. The job survives a server crash or restart.",
+    responses={
+        202: json_example("The stored job", {**_JOB_EXAMPLE, "status": "queued"}),
+        409: {"description": "Idempotency-Key reused with another body"},
+        **ERROR_RESPONSES,
+    },
     openapi_extra={
         "parameters": [
             {
@@ -67,13 +108,7 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         ],
         "requestBody": {
             "required": True,
-            "content": {
-                "application/jsonl": {
-                    "schema": {"type": "string"},
-                    "example": '{"custom_id": "t1", "state": "Refund please", '
-                    '"questions": {"refund": {"type": "noul"}}}\n',
-                }
-            },
+            "content": {"application/jsonl": {"schema": {"type": "string"}, "examples": _SUBMIT_EXAMPLES}},
         },
     },
 )
@@ -136,7 +171,18 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
     return JSONResponse(record.as_api(), status_code=202 if created else 200)
 
 
-@router.get("/v1/jobs", summary="The caller's batch jobs, newest first")
+@router.get(
+    "/v1/jobs",
+    summary="The caller's batch jobs, newest first",
+    description="Lists the jobs created with the caller's API key (all jobs when the server has no keys), "
+    "newest first, `limit` at a time; pass `after=<last_id>` for the next page.",
+    responses={
+        200: json_example(
+            "A page of jobs",
+            {"object": "list", "data": [_JOB_EXAMPLE], "has_more": False, "last_id": _JOB_EXAMPLE["id"]},
+        )
+    },
+)
 async def list_jobs(
     request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = Query(None)
 ) -> dict[str, Any]:
@@ -158,7 +204,16 @@ async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
     return service, record
 
 
-@router.get("/v1/jobs/{job_id}", summary="A batch job's status, counts and progress")
+@router.get(
+    "/v1/jobs/{job_id}",
+    summary="A batch job's status, counts and progress",
+    description="Status (`queued`, `running`, `completed` or `cancelled`), the counts of lines done and "
+    "failed, progress and timestamps. Another API key's job is a 404.",
+    responses={
+        200: json_example("The job", _JOB_EXAMPLE),
+        404: ERROR_RESPONSES.get(404, {"description": "No such job"}),
+    },
+)
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """Status ``queued | running | completed | cancelled``, counts, progress and timestamps."""
     _, record = await _job_or_404(request, job_id)
@@ -169,7 +224,12 @@ async def get_job(request: Request, job_id: str) -> dict[str, Any]:
 @router.get(
     "/v1/jobs/{job_id}/results",
     summary="A batch job's results so far, as JSONL in submission order (streamed)",
+    description="One line per finished request, in line order: `{custom_id, line, response}` with the System "
+    "One response, or `{custom_id, line, error}`. Available while the job runs (only finished lines).",
     response_class=StreamingResponse,
+    responses={
+        200: {"description": "JSONL", "content": {"application/jsonl": {"example": _RESULTS_EXAMPLE}}}
+    },
 )
 async def job_results(request: Request, job_id: str) -> Response:
     """One line per finished request: ``{"custom_id", "line", "response"}`` or ``{"custom_id", "line",
@@ -198,7 +258,13 @@ async def job_results(request: Request, job_id: str) -> Response:
     return StreamingResponse(lines(), media_type="application/jsonl")
 
 
-@router.delete("/v1/jobs/{job_id}", summary="Cancel a batch job (its finished lines are kept)")
+@router.delete(
+    "/v1/jobs/{job_id}",
+    summary="Cancel a batch job (its finished lines are kept)",
+    description="Stops a queued or running job: lines not answered yet are dropped, finished ones stay "
+    "readable. A finished job is returned unchanged.",
+    responses={200: json_example("The job", {**_JOB_EXAMPLE, "status": "cancelled"})},
+)
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     """Cancel a queued or running job; a finished job is returned unchanged."""
     service = _service(request)
