@@ -169,7 +169,9 @@ def _cmd_decide(args: argparse.Namespace) -> int:
         clef = _load_clef(args)
     except OptionsError:
         raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
+    except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as exc:
+        # What Clef.load reports with a complete message: a missing or damaged checkpoint, a failed
+        # download, not enough memory, a device torch does not see (ValueError).
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return _run_per_request(args, args.stream, clef.decide)
@@ -178,7 +180,11 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from clef_runtime.model.tiny import make_tiny
 
-    path = make_tiny(Path(args.directory), seed=args.seed)
+    try:
+        path = make_tiny(Path(args.directory), seed=args.seed)
+    except OSError as exc:
+        print(f"clef make-tiny: error: cannot write {args.directory}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILURE
     print(f"wrote an untrained tiny Clef checkpoint (random weights, seed {args.seed}) to {path}")
     return EXIT_OK
 
