@@ -105,3 +105,14 @@ def test_help_and_encode_do_not_import_torch(args: list[str]) -> None:
     assert done.stderr.strip().splitlines()[-1] == "False 0", done.stderr
     if args == ["encode", "-"]:
         assert len(json.loads(done.stdout)["input_ids"]) > 0
+
+
+@pytest.mark.slow  # imports torch in a fresh process
+def test_make_tiny_into_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    done = clef("make-tiny", str(blocker / "tiny"))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"clef make-tiny: error: cannot write {blocker / 'tiny'}")

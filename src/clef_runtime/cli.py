@@ -138,7 +138,6 @@ def _run_per_request(
 
 def _cmd_encode(args: argparse.Namespace) -> int:
     from clef_runtime.encoding.encoder import Encoder
-    from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
     from clef_runtime.encoding.tokenizer import ClefTokenizer, TokenizerLoadError
 
     options = EngineOptions.from_sources(args, os.environ, fields=ENCODE_OPTION_FIELDS)
@@ -147,7 +146,9 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     except TokenizerLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    encoder = Encoder(tokenizer_for_encoding(tokenizer), max_length=options.max_length)
+    # The HF tokenizer itself, not the tiktoken fast path: the same ids (tested), and building the fast
+    # path's table costs ~1-3 s, more than it saves on the few requests a command line encodes.
+    encoder = Encoder(tokenizer, max_length=options.max_length)
     return _run_per_request(
         args, args.stream, lambda request: encoder.encode(request).to_json(), pretty=False
     )
@@ -169,7 +170,9 @@ def _cmd_decide(args: argparse.Namespace) -> int:
         clef = _load_clef(args)
     except OptionsError:
         raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
+    except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as exc:
+        # What Clef.load reports with a complete message: a missing or damaged checkpoint, a failed
+        # download, not enough memory, a device torch does not see (ValueError).
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return _run_per_request(args, args.stream, clef.decide)
@@ -178,7 +181,11 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from clef_runtime.model.tiny import make_tiny
 
-    path = make_tiny(Path(args.directory), seed=args.seed)
+    try:
+        path = make_tiny(Path(args.directory), seed=args.seed)
+    except OSError as exc:
+        print(f"clef make-tiny: error: cannot write {args.directory}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILURE
     print(f"wrote an untrained tiny Clef checkpoint (random weights, seed {args.seed}) to {path}")
     return EXIT_OK
 

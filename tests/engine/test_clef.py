@@ -135,6 +135,24 @@ def test_invalid_request_raises_validation_error(clef: Clef) -> None:
     assert info.value.errors[0]["loc"] == ("questions", "q", "criteria")
 
 
+@pytest.mark.parametrize(
+    ("state", "loc"),
+    [
+        ("\ud800", ("state",)),
+        ({"n": float("inf")}, ("state", "n")),
+        ({"k": [float("nan")]}, ("state", "k", 0)),
+    ],
+)
+def test_text_or_numbers_the_model_cannot_take_are_refused_before_any_work(
+    clef: Clef, state: Any, loc: tuple[Any, ...]
+) -> None:
+    before = clef.backbone_tokens
+    with pytest.raises(RequestValidationError) as info:
+        clef.decide({"state": state, "questions": {"q": {"type": "noul"}}})
+    assert [e["loc"] for e in info.value.errors] == [loc]
+    assert clef.backbone_tokens == before
+
+
 def run_cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "clef_runtime.cli", *args],

@@ -42,3 +42,22 @@ def test_serve_without_network_logs_one_line_saying_what_to_do_and_exits_1(tmp_p
     assert len(errors) == 1, done.stderr
     assert "cannot be reached" in errors[0]
     assert f"hf download Cloudflare/clef-flash --revision {PINNED_REVISION}" in errors[0]
+
+
+HUB_WARNING = """
+import logging
+from clef_runtime.server.cli import configure_logging
+from huggingface_hub.utils import logging as hub_logging
+
+configure_logging("info")
+hub_logging.get_logger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+"""
+
+
+def test_huggingface_hub_warnings_print_once_under_the_server_logging() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", HUB_WARNING], capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = [line for line in done.stderr.splitlines() if "Retrying in 1s" in line]
+    assert len(lines) == 1, done.stderr
+    assert " WARNING huggingface_hub.utils._http: " in lines[0]  # in the server's own format

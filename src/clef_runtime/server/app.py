@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from clef_runtime import __version__
 from clef_runtime.protocol.decisions import DecisionsRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
+from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
 from clef_runtime.server.jobs import JobsService
 from clef_runtime.server.metrics import ServerMetrics
@@ -48,7 +49,8 @@ _DESCRIPTION = """\
 Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev) and
 its OpenAI-shaped sibling (`POST /v1/decisions`).
 
-Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`. With API keys
+Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`; responses of at least
+1 KiB are compressed by `Accept-Encoding` (zstd or gzip). With API keys
 configured, send `Authorization: Bearer <key>` or `X-API-Key: <key>`. Every response carries `x-request-id`.
 """
 
@@ -226,5 +228,7 @@ def create_app(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )
     app.add_middleware(RequestContextMiddleware, metrics=metrics, route_paths=route_paths)
+    # Outermost: it sees the final headers and bodies, error responses and the 500 body included.
+    app.add_middleware(CompressionMiddleware)
     _install_openapi(app)
     return app
