@@ -178,7 +178,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``clef`` argument parser."""
-    from clef_runtime import __version__
+    from clef_runtime.version import __version__
 
     parser = argparse.ArgumentParser(prog="clef", description="Run Clef decision models.")
     parser.add_argument("--version", action="version", version=f"clef-runtime {__version__}")

@@ -257,7 +257,8 @@ def test_batch_equals_single(tiny_backbone: Backbone) -> None:
     batch = [_ids(n, seed=10 + n) for n in (300, 17, 129, 64, 1)]
     singles = [tiny_backbone.hidden_states(ids) for ids in batch]
     for chunk in (None, 64):
-        rows = tiny_backbone.hidden_states_batch(batch, prefill_chunk=chunk)
+        results = tiny_backbone.extend(None, [Continuation(ids) for ids in batch], prefill_chunk=chunk)
+        rows = [result.hidden for result in results]
         assert [r.shape[0] for r in rows] == [300, 17, 129, 64, 1]
         for single, batched in zip(singles, rows, strict=True):
             assert _max_diff(batched, single) <= 1e-4
@@ -290,10 +291,10 @@ def test_bad_arguments(tiny_backbone: Backbone) -> None:
         tiny_backbone.hidden_states([1, 2, 3], position_ids=torch.arange(4))
     with pytest.raises(ValueError, match="inputs_embeds"):
         tiny_backbone.hidden_states([1, 2, 3], inputs_embeds=torch.zeros(3, 5))
-    with pytest.raises(ValueError):
-        tiny_backbone.hidden_states_batch([])
-    with pytest.raises(ValueError):
-        tiny_backbone.hidden_states_batch([[1, 2], []])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(None, [])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(None, [Continuation([1, 2]), Continuation([])])
 
 
 def test_bf16_load_on_cpu(tiny_dir: Path, tiny_backbone: Backbone) -> None:

@@ -36,6 +36,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
 from clef_runtime.model.checkpoint import (
     LM_HEAD_TENSOR,
     TEXT_PREFIX,
@@ -44,7 +45,9 @@ from clef_runtime.model.checkpoint import (
     CheckpointInfo,
     verify_checkpoint,
 )
+from clef_runtime.model.device import resolve_device, resolve_dtype
 from clef_runtime.model.kernels import flush_denormals
+from clef_runtime.release import CONFIG_FILE, INDEX_FILE
 
 __all__ = [
     "ENDOFTEXT_ID",
@@ -60,9 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: <|endoftext|>: the pad id of the seed's chunked readout and of batched prefill.
-ENDOFTEXT_ID = 248_044
-
 #: Hold this while constructing any transformers model. Their constructors switch process-wide torch state
 #: (the default dtype, to the config's ``dtype``) and restore it on exit; two constructions interleaved in
 #: different threads can leave it switched for good (measured: two concurrent Qwen3.5 constructions left
@@ -72,44 +72,6 @@ TRANSFORMERS_CONSTRUCTION_LOCK = threading.RLock()
 # Tensors in the shards that the text backbone deliberately does not load: lm_head is read row-wise by the
 # lexical table, the vision tower only when images are used, MTP weights (absent in Clef-flash) never.
 _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """Map ``"auto"`` to cuda when available, else cpu; return other values as a torch.device.
-
-    Raises ValueError when cuda is asked for but not available.
-    """
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
-    return resolved
-
-
-def resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype:
-    """Default compute dtype: fp32 on CPU (bf16 matmuls are ~7x slower there), bf16 on CUDA.
-
-    Accepts a torch dtype or one of "float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16". Raises ValueError
-    for anything else.
-    """
-    if dtype is None:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"unsupported backbone dtype {dtype}")
-        return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ValueError(f"unsupported backbone dtype {dtype!r}; use one of {sorted(names)}")
-    return names[dtype]
 
 
 def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
@@ -343,7 +305,7 @@ class Backbone:
         if check_memory:
             check_fits(estimate_model_memory(info, device=resolved_device, dtype=storage_dtype))
 
-        config_path = info.path / "config.json"
+        config_path = info.path / CONFIG_FILE
         try:
             text_config = Qwen3_5Config.from_dict(dict(info.config)).text_config
         except (TypeError, ValueError, KeyError) as error:
@@ -396,7 +358,7 @@ class Backbone:
                 parts.append(f"missing text tensors: {[TEXT_PREFIX + name for name in missing[:8]]}")
             if unexpected:
                 parts.append(f"unexpected tensors: {sorted(unexpected)[:8]}")
-            index_path = info.path / "model.safetensors.index.json"
+            index_path = info.path / INDEX_FILE
             raise CheckpointError(
                 f"{index_path}: the shards do not match the config's text model: " + "; ".join(parts),
                 file=index_path,
@@ -612,33 +574,6 @@ class Backbone:
                 embeds = self._embed(ids)
             rows = self._run(embeds[None], planes, length, prefill_chunk, pad_last_chunk)[0]
             return rows.to(device="cpu", dtype=torch.float32)
-
-    def hidden_states_batch(
-        self, batch: Sequence[Sequence[int] | Tensor], *, prefill_chunk: int | None = None
-    ) -> list[Tensor]:
-        """Final-norm hidden rows of several sequences computed in one forward: a list of [T_i, hidden] fp32.
-
-        Sequences are right-padded with ``<|endoftext|>`` (248044) to the longest one and run as a batch at
-        positions arange(T) (optionally in ``prefill_chunk``-token calls). Every mixer is causal (attention,
-        the DeltaNet convolution and its recurrence), so a pad placed after a sequence's last real token
-        cannot change any real row; no attention mask is needed. Raises ValueError for an empty batch or an
-        empty sequence.
-        """
-        sequences = [_as_id_tensor(ids) for ids in batch]
-        if not sequences:
-            raise ValueError("batch is empty")
-        lengths = [int(ids.shape[0]) for ids in sequences]
-        if min(lengths) == 0:
-            raise ValueError(f"batch holds an empty sequence (lengths {lengths})")
-        longest = max(lengths)
-        padded = torch.full((len(sequences), longest), self._pad_id, dtype=torch.long)
-        for row, ids in enumerate(sequences):
-            padded[row, : ids.shape[0]] = ids
-        planes = torch.arange(longest, dtype=torch.long).expand(3, longest)
-        with flush_denormals(), torch.inference_mode():
-            rows = self._run(self._embed(padded), planes, longest, prefill_chunk, False)
-            rows = rows.to(device="cpu", dtype=torch.float32)
-        return [rows[row, :length].clone() for row, length in enumerate(lengths)]
 
     def extend(
         self,

@@ -27,6 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_runtime.release import (
+    CONFIG_FILE,
+    HEAD_CONFIG_FILE,
+    HEAD_WEIGHTS_FILE,
+    INDEX_FILE,
+    LM_HEAD_TENSOR,
+    PROCESSOR_CONFIG_FILE,
+    TEXT_PREFIX,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    VISION_PREFIX,
+)
+
 __all__ = [
     "CONFIG_FILE",
     "HEAD_CONFIG_FILE",
@@ -53,14 +66,6 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-HEAD_WEIGHTS_FILE = "joint_head.safetensors"
-HEAD_CONFIG_FILE = "joint_head_config.json"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-PROCESSOR_CONFIG_FILE = "processor_config.json"
-
 REQUIRED_FILES: tuple[str, ...] = (
     CONFIG_FILE,
     INDEX_FILE,
@@ -85,9 +90,6 @@ RELEASE_FILE_PATTERNS: tuple[str, ...] = (
 
 RELEASE_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 RELEASE_MODEL_TYPE = "qwen3_5"
-TEXT_PREFIX = "model.language_model."
-VISION_PREFIX = "model.visual."
-LM_HEAD_TENSOR = "lm_head.weight"
 
 PINNED_REPO_ID = "Cloudflare/clef-flash"
 PINNED_REVISION = "17f0b0ad64efb65d273590632833508766b2aae6"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-HEAD_CONFIG_FILE = "joint_head_config.json"
-HEAD_WEIGHTS_FILE = "joint_head.safetensors"
-
-#: Question type ids of the release (the rows of `type_embedding`).
-QUESTION_TYPE_IDS: Mapping[str, int] = {"noul": 0, "choice": 1, "score": 2}
+from clef_runtime.encoding.encoder import QUESTION_TYPE_IDS
+from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 
 LAYER_NORM_EPS = 1e-5
 NORMALIZE_EPS = 1e-12

@@ -526,30 +526,23 @@ def _gated_delta_net_forward(
     beta = b.sigmoid()
     g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
     cu_seqlens = kwargs.pop("cu_seq_lens_q", None)
-    if recurrent_state is not None and seq_len == 1:
-        core_out, last_state = _qwen3_5.torch_recurrent_gated_delta_rule(
-            query,
-            key,
-            value,
-            g=g,
-            beta=beta,
-            initial_state=recurrent_state,
-            output_final_state=cache is not None,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens,
-        )
-    else:
-        core_out, last_state = chunk_gated_delta_rule(
-            query,
-            key,
-            value,
-            g=g,
-            beta=beta,
-            initial_state=recurrent_state,
-            output_final_state=cache is not None,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens,
-        )
+    # One token after a cached state: the recurrent form; otherwise the chunked one.
+    rule = (
+        _qwen3_5.torch_recurrent_gated_delta_rule
+        if recurrent_state is not None and seq_len == 1
+        else chunk_gated_delta_rule
+    )
+    core_out, last_state = rule(
+        query,
+        key,
+        value,
+        g=g,
+        beta=beta,
+        initial_state=recurrent_state,
+        output_final_state=cache is not None,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens,
+    )
     if cache is not None:
         cache.update_recurrent_state(last_state, self.layer_idx)
 

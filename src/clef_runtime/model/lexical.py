@@ -15,9 +15,7 @@ import safetensors
 import torch
 from torch import Tensor
 
-SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
-SINGLE_SAFETENSORS_FILE = "model.safetensors"
-LM_HEAD_TENSOR = "lm_head.weight"
+from clef_runtime.release import INDEX_FILE, LM_HEAD_TENSOR, SINGLE_WEIGHTS_FILE
 
 
 class LexicalTableError(ValueError):
@@ -79,15 +77,13 @@ class LexicalTable:
         """
         path = Path(index_json_path_or_dir)
         if path.is_dir():
-            index_path = path / SAFETENSORS_INDEX_FILE
+            index_path = path / INDEX_FILE
             if index_path.is_file():
                 shard_path = _shard_from_index(index_path, tensor_name)
-            elif (path / SINGLE_SAFETENSORS_FILE).is_file():
-                shard_path = path / SINGLE_SAFETENSORS_FILE
+            elif (path / SINGLE_WEIGHTS_FILE).is_file():
+                shard_path = path / SINGLE_WEIGHTS_FILE
             else:
-                raise LexicalTableError(
-                    f"{path}: neither {SAFETENSORS_INDEX_FILE} nor {SINGLE_SAFETENSORS_FILE} found"
-                )
+                raise LexicalTableError(f"{path}: neither {INDEX_FILE} nor {SINGLE_WEIGHTS_FILE} found")
         elif path.suffix == ".safetensors":
             shard_path = path
         else:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from clef_runtime.model.checkpoint import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX, CheckpointInfo
+from clef_runtime.model.device import resolve_device
 
 __all__ = [
     "InsufficientMemoryError",
@@ -108,8 +109,6 @@ def estimate_model_memory(
     counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32. Returns a
     `MemoryEstimate`. Raises ValueError for an unavailable device.
     """
-    from clef_runtime.model.backbone import resolve_device
-
     resolved_device = resolve_device(device)
     element = torch.empty((), dtype=dtype).element_size()
     text = vision = lexical = 0

@@ -59,8 +59,8 @@ class ResolvedModel:
 
 
 def _tiny_version() -> str:
-    from clef_runtime import __version__
     from clef_runtime.model.tiny import TINY_FORMAT
+    from clef_runtime.version import __version__
 
     return f"{__version__}-f{TINY_FORMAT}"
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
 from clef_runtime.model.checkpoint import (
     CONFIG_FILE,
     HEAD_CONFIG_FILE,
@@ -32,8 +33,10 @@ from clef_runtime.model.checkpoint import (
     PROCESSOR_CONFIG_FILE,
     RELEASE_ARCHITECTURE,
     RELEASE_MODEL_TYPE,
+    TEXT_PREFIX,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
+    VISION_PREFIX,
 )
 
 __all__ = [
@@ -49,7 +52,6 @@ __all__ = [
 TINY_FORMAT = 1
 
 VOCAB_SIZE = 248_320
-ENDOFTEXT_ID = 248_044  # <|endoftext|>, the release's eos / pad id
 TEXT_HIDDEN = 64
 
 #: Head geometry of the tiny checkpoint (joint_head_config.json, in the release's key order).
@@ -217,9 +219,9 @@ def _backbone_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tens
         values = rng.uniform(-1.0, 1.0, shape).astype(np.float32)
     elif name.endswith("linear_attn.norm.weight"):
         values = _normal(rng, shape, 0.1, mean=1.0)  # gated RMSNorm: plain weight
-    elif name.startswith("model.language_model.") and leaf == "weight" and len(shape) == 1:
+    elif name.startswith(TEXT_PREFIX) and leaf == "weight" and len(shape) == 1:
         values = _normal(rng, shape, 0.1)  # zero-centred RMSNorms: y = x_hat * (1 + w)
-    elif name.startswith("model.visual.") and "norm" in name and leaf == "weight":
+    elif name.startswith(VISION_PREFIX) and "norm" in name and leaf == "weight":
         values = _normal(rng, shape, 0.1, mean=1.0)  # LayerNorm weight
     elif leaf == "bias":
         values = _normal(rng, shape, 0.02)

@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clef_runtime import __version__
 from clef_runtime.protocol.decisions import DecisionsRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.errors import error_body, install_error_handlers
@@ -32,6 +31,7 @@ from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_systemone import router as systemone_router
 from clef_runtime.server.runtime import EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
+from clef_runtime.version import __version__
 
 __all__ = ["RequestContextMiddleware", "create_app"]
 

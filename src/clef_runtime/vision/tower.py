@@ -21,12 +21,10 @@ from typing import Any
 
 import torch
 
+from clef_runtime.release import VISION_PREFIX
 from clef_runtime.vision.preprocess import PATCH_DIM, PreprocessedImage
 
-__all__ = ["VISUAL_PREFIX", "VisionTower", "read_vision_state_dict"]
-
-VISUAL_PREFIX = "model.visual."
-"""Name prefix of the vision tower's tensors in a ``Qwen3_5ForConditionalGeneration`` checkpoint."""
+__all__ = ["VisionTower", "read_vision_state_dict"]
 
 
 def _shard_path(root: Path, name: str) -> Path:
@@ -37,7 +35,7 @@ def _shard_path(root: Path, name: str) -> Path:
 
 
 def read_vision_state_dict(
-    checkpoint_dir: str | Path, *, prefix: str = VISUAL_PREFIX, dtype: torch.dtype | None = torch.float32
+    checkpoint_dir: str | Path, *, prefix: str = VISION_PREFIX, dtype: torch.dtype | None = torch.float32
 ) -> dict[str, torch.Tensor]:
     """Read only the tensors named ``prefix*`` from the checkpoint's safetensors files.
 
@@ -118,7 +116,7 @@ class VisionTower:
         *,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        prefix: str = VISUAL_PREFIX,
+        prefix: str = VISION_PREFIX,
     ) -> None:
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.device = torch.device(device)
