@@ -11,7 +11,7 @@ and bf16) in the same process.
 Modes:
   fp32                 fp32 weights, transformers as is
   bf16-storage         bf16 Linear/Embedding weights, each converted into a shared fp32 scratch
-                       just before its matmul (``apply_bf16_storage(strategy="linear")``)
+                       just before its matmul (``apply_bf16_storage(model)``)
   bf16-compute         bf16 weights and bf16 matmuls, fp32 activations elsewhere
                        (``apply_bf16_storage(compute_dtype=torch.bfloat16)``)
   bf16                 ``model.to(torch.bfloat16)``: bf16 weights and activations

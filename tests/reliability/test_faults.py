@@ -105,7 +105,7 @@ class MemoryBoundEngine(GatedEngine):
         self.fits = fits
 
     def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
-        states = [str(request.state) for request, _ in items]
+        states = [str(item.request.state) for item in items]
         if self.first_entered.is_set() and (len(items) > self.fits or any("HUGE" in s for s in states)):
             with self._lock:
                 self.batches.append(states)

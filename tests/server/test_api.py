@@ -772,23 +772,16 @@ def test_bodies_are_logged_only_with_log_requests(
 # ------------------------------------------------------------------------------- engine extensions
 
 
-class PreparingEngine(FakeClef):
-    """An engine with ``prepare`` (as Clef has: it keeps images) and ``cache_stats``."""
+class RecordingEngine(FakeClef):
+    """Keeps every item the server hands to ``decide_encoded``, and reports cache counters."""
 
     def __init__(self) -> None:
         super().__init__()
         self.items: list[Any] = []
 
-    def prepare(self, body: Any) -> Any:
-        request = self.parse({k: v for k, v in body.items() if k != "images"})
-        record = self.encode(request)
-        return type(
-            "Prepared", (), {"request": request, "record": record, "images": body.get("images", [])}
-        )()
-
     def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
         self.items.extend(items)
-        return super().decide_encoded([(item.request, item.record) for item in items])
+        return super().decide_encoded(items)
 
     def cache_stats(self) -> dict[str, int]:
         return {
@@ -801,17 +794,18 @@ class PreparingEngine(FakeClef):
         }
 
 
-def test_an_engine_with_prepare_gets_its_prepared_items(serve_fake: Callable[..., Served]) -> None:
-    served = serve_fake(PreparingEngine())
+def test_the_engine_gets_what_its_prepare_returned(serve_fake: Callable[..., Served]) -> None:
+    served = serve_fake(RecordingEngine())
     body = {**REQUEST, "images": ["data:image/png;base64,AAAA"]}
     response = post(served.client, body)
     assert response.status_code == 200
-    assert served.engine.items[0].images == ["data:image/png;base64,AAAA"]  # not dropped on the way
+    (image,) = served.engine.items[0].images  # not dropped on the way
+    assert (image.data, image.content_type, image.loc) == (b"\x00\x00\x00", "image/png", ("images", 0))
     assert response.json()["answers"] == FakeClef().decide(REQUEST)["answers"]
 
 
 def test_engine_cache_statistics_are_exported(serve_fake: Callable[..., Served]) -> None:
-    text = serve_fake(PreparingEngine()).client.get("/metrics").text
+    text = serve_fake(RecordingEngine()).client.get("/metrics").text
     assert "clef_cache_hits_total 3.0" in text
     assert "clef_cache_tokens_saved_total 90.0" in text
     assert "# TYPE clef_cache_entries gauge" in text and "clef_cache_bytes 4096.0" in text
