@@ -43,7 +43,7 @@ MALLOC_SETTINGS = {
 MODEL_KINDS: dict[str, dict[str, int]] = {
     # hidden 1024, 8 layers (6 DeltaNet + 2 attention), real head dims.
     "medium": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8},
-    # the configuration of DESIGN.md's profile: hidden 512, 8 layers, smaller heads.
+    # the configuration of an early development profile: hidden 512, 8 layers, smaller heads.
     "small": {
         "hidden_size": 512,
         "intermediate_size": 1536,

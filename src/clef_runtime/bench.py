@@ -1,7 +1,7 @@
 """``clef bench``: the engine measured side by side with the reference way, in one run, on one model.
 
 Every figure is measured in the same process and run, interleaved with a **baseline implemented here**: the
-reference way of running Clef (the author's code as described in research/clef-model.md): one request at a
+reference way of running Clef (the author's code as described in docs/model.md): one request at a
 time, the prompt encoded piece by piece with the Hugging Face tokenizer and no cache, one full forward of
 transformers' stock Qwen3.5 text model (our CPU kernels, when the engine installed them, are taken out for
 the baseline's calls), and a plain head forward that loops over questions and options and runs torch's own
@@ -78,7 +78,7 @@ logger = logging.getLogger("clef_runtime.bench")
 SECTIONS = ("gemm", "latency", "questions", "state_cache", "concurrency", "padding")
 MODES = ("quick", "default", "full")
 
-#: The "medium" random model: the release's text geometry (research/clef-model.md 4.1) scaled down to hidden
+#: The "medium" random model: the release's text geometry (docs/model.md section 4) scaled down to hidden
 #: 1024 and 8 layers, keeping the 3:1 layer pattern, the attention head dims (q/kv 8/2 x 256, output gate,
 #: partial M-RoPE) and the DeltaNet head dims (8 key / 16 value heads x 128), and the full vocabulary.
 MEDIUM_TEXT_OVERRIDES: dict[str, Any] = {
@@ -483,7 +483,7 @@ class ReferenceBaseline:
 
     Encoding: every piece through the Hugging Face tokenizer, no piece cache. Backbone: one full forward of
     transformers' stock ``Qwen3_5TextModel`` from ``input_ids`` (positions inferred by transformers). Head:
-    the forward of research/clef-model.md 6.3 written with per-question and per-option Python loops, torch's
+    the forward of docs/model.md section 6 written with per-question and per-option Python loops, torch's
     ``nn.TransformerDecoderLayer`` for the decoder layers and the head's ``nn.MultiheadAttention`` modules
     for evidence routing. Answers: per-question fp32 softmax and the shared response builder.
     """

@@ -1,8 +1,8 @@
 """Backbone: loading from the release layout, prefill (full / chunked / batched), and the memory estimate.
 
 Parity is checked against an independent implementation of the Qwen3.5 text stack written here from the
-specification (research/clef-model.md 4.3-4.6): per-token gated delta rule, explicit causal conv, gated
-attention with partial interleaved M-RoPE, zero-centred RMSNorms.
+specification (docs/model.md section 4, transformers' modeling_qwen3_5.py): per-token gated delta rule,
+explicit causal conv, gated attention with partial interleaved M-RoPE, zero-centred RMSNorms.
 """
 
 from __future__ import annotations

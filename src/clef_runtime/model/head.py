@@ -1,4 +1,4 @@
-"""Clef's joint schema head (research/clef-model.md section 6), our own vectorised PyTorch implementation.
+"""Clef's joint schema head (docs/model.md section 6), our own vectorised PyTorch implementation.
 
 The module tree reproduces the release's parameter names and shapes exactly (122 tensors for the release
 config) so that `joint_head.safetensors` loads with `load_state_dict(strict=True)`. The torch modules only
@@ -621,7 +621,7 @@ class JointSchemaHead(nn.Module):
         return F.linear(F.gelu(F.linear(inputs, first.weight, first.bias)), second.weight, second.bias)
 
     def _logits(self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex) -> Tensor:
-        """The reference forward (clef-model.md 6.3) over a packed batch; returns packed [O] logits."""
+        """The reference forward (docs/model.md section 6) over a packed batch; returns packed [O] logits."""
         batch, width = index.batch_size, self.width
         memory = self._memory_rows(hidden_rows)  # [N, W], also used un-normalised by the decoder
         span_means = self._span_means(hidden_rows, index)

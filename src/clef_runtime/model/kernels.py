@@ -61,8 +61,9 @@ __all__ = [
 #: set from Python. Measured on the 2-core VM:
 #:
 #: - the malloc settings keep freed memory in the heap, so that large tensors reuse pages instead
-#:   of being mapped and page-faulted in again (DESIGN.md: 2.8x on a 9B prefill that allocated a
-#:   fresh fp32 weight per matmul; with bf16 storage's reused scratch the gain is small);
+#:   of being mapped and page-faulted in again (measured during development on an AVX2 VM: 2.8x on
+#:   a 9B prefill that allocated a fresh fp32 weight per matmul; with bf16 storage's reused scratch
+#:   the gain is small);
 #: - ``OMP_WAIT_POLICY=PASSIVE`` makes idle OpenMP workers sleep instead of spin. When the cores are
 #:   shared with anything else, spinning threads wait at every barrier for a descheduled peer: a
 #:   2-thread prefill of the medium benchmark model (T = 1,024) took 19-64 s with the default

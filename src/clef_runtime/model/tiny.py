@@ -165,7 +165,7 @@ def _tokenizer_config() -> dict[str, Any]:
 
 
 def _processor_config() -> dict[str, Any]:
-    # Qwen3.5's stock processor (research/clef-model.md 4.8): pixel-count bounds 256^2 .. 4096^2, patch 16,
+    # Qwen3.5's stock processor (docs/model.md section 5): pixel-count bounds 256^2 .. 4096^2, patch 16,
     # merge 2, temporal 2, mean = std = 0.5, rescale 1/255, bicubic.
     image_processor = {
         "do_convert_rgb": True,
