@@ -195,6 +195,7 @@ def test_built_json_structure(qwen35_tokenizer_json, qwen_vocab_tokens):
     assert single_bytes == set(pre_tokenizers.ByteLevel.alphabet())
 
 
+@pytest.mark.slow
 def test_built_merges_are_allsplits_in_rank_order(qwen35_tokenizer_json, qwen_vocab_tokens):
     model = json.loads(qwen35_tokenizer_json)["model"]
     vocab: dict[str, int] = model["vocab"]
@@ -428,6 +429,7 @@ def test_from_json_malformed_names_the_source():
         ClefTokenizer.from_json("[]", source="my-label")
 
 
+@pytest.mark.slow
 def test_save_then_from_file_and_load_checkpoint_dir(clef_tokenizer, tmp_path):
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()

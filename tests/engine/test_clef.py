@@ -163,6 +163,7 @@ def test_cli_decide_and_jsonl(clef: Clef) -> None:
     assert out[2] == clef.decide(REQUESTS[0])
 
 
+@pytest.mark.slow
 def test_cli_decide_invalid_exits_2_naming_the_field() -> None:
     bad = {"state": "s", "questions": {"q": {"type": "score", "criteria": {"0": "a"}}}}
     done = run_cli("decide", "--model", "tiny", "-", stdin=json.dumps(bad))

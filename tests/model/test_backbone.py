@@ -231,6 +231,7 @@ def test_chunked_equals_full(tiny_backbone: Backbone, chunk: int, pad_last: bool
     assert _max_diff(chunked, full) <= 1e-4
 
 
+@pytest.mark.slow
 def test_seed_readout_by_hand(tiny_backbone: Backbone) -> None:
     # The seed's form written out independently: ceil(T/64) calls on a cache, the last padded with 248044
     # at the following positions, padded rows dropped.
@@ -253,6 +254,7 @@ def test_seed_readout_by_hand(tiny_backbone: Backbone) -> None:
     assert _max_diff(ours, by_hand) <= 1e-6
 
 
+@pytest.mark.slow
 def test_batch_equals_single(tiny_backbone: Backbone) -> None:
     batch = [_ids(n, seed=10 + n) for n in (300, 17, 129, 64, 1)]
     singles = [tiny_backbone.hidden_states(ids) for ids in batch]
@@ -264,6 +266,7 @@ def test_batch_equals_single(tiny_backbone: Backbone) -> None:
             assert _max_diff(batched, single) <= 1e-4
 
 
+@pytest.mark.slow
 def test_requests_do_not_leak_into_each_other(tiny_backbone: Backbone) -> None:
     long, short = _ids(400, seed=6), _ids(70, seed=7)
     short_alone = tiny_backbone.hidden_states(short, prefill_chunk=64, pad_last_chunk=True)
@@ -297,6 +300,7 @@ def test_bad_arguments(tiny_backbone: Backbone) -> None:
         tiny_backbone.extend(None, [Continuation([1, 2]), Continuation([])])
 
 
+@pytest.mark.slow
 def test_bf16_load_on_cpu(tiny_dir: Path, tiny_backbone: Backbone) -> None:
     backbone = Backbone.load(tiny_dir, device="cpu", dtype="bf16")
     assert backbone.dtype == torch.bfloat16
@@ -348,6 +352,7 @@ def test_continuing_a_snapshot_is_exactly_the_cold_continuation(tiny_backbone: B
     assert _max_diff(branch.hidden, tiny_backbone.hidden_states(other)[126:]) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_batch_rows_snapshot_at_their_own_offsets(tiny_backbone: Backbone, chunk: int | None) -> None:
     prefix_ids = _ids(36, seed=23)
@@ -437,6 +442,7 @@ def test_extend_bad_arguments(tiny_backbone: Backbone, tiny_dir: Path) -> None:
 # ----------------------------------------------------------------------------------- loading errors
 
 
+@pytest.mark.slow
 def test_missing_text_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]) -> None:
     shard = "model-00003-of-00003.safetensors"
     directory = clone_tiny(shard, "model.safetensors.index.json")
@@ -454,6 +460,7 @@ def test_missing_text_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Pat
         Backbone.load(directory, device="cpu")
 
 
+@pytest.mark.slow
 def test_unexpected_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]) -> None:
     shard = "model-00003-of-00003.safetensors"
     directory = clone_tiny(shard, "model.safetensors.index.json")
@@ -467,6 +474,7 @@ def test_unexpected_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]
         Backbone.load(directory, device="cpu")
 
 
+@pytest.mark.slow
 def test_load_refuses_when_memory_is_short(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import clef_runtime.model.memory as memory
 

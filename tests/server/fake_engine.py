@@ -163,6 +163,22 @@ class FakeClef:
         }
 
 
+class GatedEngine(FakeClef):
+    """The first engine call waits for ``gate`` so that the requests sent meanwhile queue up and go to the
+    next call together, as one batch (batching tested without depending on arrival times)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.first_entered = threading.Event()
+
+    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[dict[str, Any]]:
+        if not self.first_entered.is_set():
+            self.first_entered.set()
+            assert self.gate.wait(20)
+        return super().decide_encoded(items)
+
+
 def _distribution(rng: random.Random, n: int) -> list[float]:
     weights = [rng.random() + 0.01 for _ in range(n)]
     total = sum(weights)
