@@ -17,12 +17,13 @@ PACKAGE = "clef_runtime"
 ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 # Rank of each part of the package: an import may only go to the same rank or lower.
-# version, options and release (a checkpoint's file layout) are leaves every layer may read; the package
-# root re-exports the engine's Clef.
+# version, options, release (a checkpoint's file layout) and shards (the one shard reader) are leaves every
+# layer may read; the package root re-exports the engine's Clef.
 RANKS = {
     "version": 0,
     "options": 0,
     "release": 0,
+    "shards": 0,
     "protocol": 1,
     "encoding": 2,
     "vision": 3,

@@ -370,7 +370,7 @@ def test_image_modes(clef: Clef) -> None:
     big = cloudflare_form("big", [png_url(1200, 900, 5)])
     assert sum(n for _, n in capped.encode(big).image_blocks) <= 200
     check_response(body, g256.decide(body), g256.encode(body).input_tokens)
-    with pytest.raises(ValueError, match="image mode"):
+    with pytest.raises(ValueError, match=r"image.mode"):
         Clef.load("tiny", image_mode="g999")
 
 

@@ -13,14 +13,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from clef_runtime.model.checkpoint import (
-    HEAD_WEIGHTS_FILE,
-    INDEX_FILE,
     PINNED_FILE_SIZES,
     REQUIRED_FILES,
     CheckpointError,
     read_safetensors_header,
     verify_checkpoint,
 )
+from clef_runtime.release import HEAD_WEIGHTS_FILE, INDEX_FILE
 
 
 def _shard_names(directory: Path) -> list[str]:

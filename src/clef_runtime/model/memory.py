@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from clef_runtime.model.checkpoint import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX, CheckpointInfo
+from clef_runtime.model.checkpoint import CheckpointInfo
 from clef_runtime.model.device import resolve_device
+from clef_runtime.release import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 
 __all__ = [
     "InsufficientMemoryError",

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clef_runtime.model.checkpoint import (
-    CONFIG_FILE,
     PINNED_FILE_SIZES,
     PINNED_REPO_ID,
     PINNED_REVISION,
     RELEASE_FILE_PATTERNS,
     CheckpointError,
 )
+from clef_runtime.release import CONFIG_FILE
 
 __all__ = [
     "TINY_SPEC",

@@ -25,14 +25,13 @@ import torch
 from safetensors.torch import save_file
 
 from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
-from clef_runtime.model.checkpoint import (
+from clef_runtime.model.checkpoint import RELEASE_ARCHITECTURE, RELEASE_MODEL_TYPE
+from clef_runtime.release import (
     CONFIG_FILE,
     HEAD_CONFIG_FILE,
     HEAD_WEIGHTS_FILE,
     INDEX_FILE,
     PROCESSOR_CONFIG_FILE,
-    RELEASE_ARCHITECTURE,
-    RELEASE_MODEL_TYPE,
     TEXT_PREFIX,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
