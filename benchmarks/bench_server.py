@@ -1,6 +1,6 @@
 """HTTP server benchmark: requests/s and p50/p95 latency of ``clef serve`` at several client concurrencies.
 
-For each model (``tiny``, and a ``medium`` random model built here in the release layout) two servers run
+For each model (``tiny``, and the ``medium`` random model of ``engine_bench.py``) two servers run
 side by side, one with dynamic batching (the default) and one with ``--deterministic`` (every request alone),
 and a mixed workload is sent at concurrency 1, 4 and 16, alternating between the two servers round by
 round so that other load on the machine affects both alike. The model "null" is an instant engine: it
@@ -67,49 +67,6 @@ def workload(count: int, seed: int = 0) -> list[dict[str, Any]]:
         questions = dict(QUESTIONS[: rng.randint(1, len(QUESTIONS))])
         bodies.append({"model": "jev-latest", "state": state, "questions": questions})
     return bodies
-
-
-def make_medium(directory: Path) -> Path:
-    """A random "medium" checkpoint in the release layout: the tiny recipe at hidden 512, 8 layers (6 Gated
-    DeltaNet + 2 attention), head width 128 (~0.3 B parameters with the full vocabulary tables)."""
-    from clef_runtime.model import tiny
-
-    original_config, original_head = tiny.tiny_config, dict(tiny.TINY_HEAD_CONFIG)
-
-    def medium_config(seed: int = 0) -> dict[str, Any]:
-        config = original_config(seed)
-        text = config["text_config"]
-        text.update(
-            hidden_size=512,
-            intermediate_size=1536,
-            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
-            num_hidden_layers=8,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=64,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=64,
-            linear_value_head_dim=64,
-        )
-        config["vision_config"]["out_hidden_size"] = 512
-        config["clef_runtime"]["medium"] = True
-        return config
-
-    tiny.tiny_config = medium_config  # type: ignore[assignment]
-    tiny.TINY_HEAD_CONFIG = {
-        "hidden_size": 512,
-        "width": 128,
-        "routing_layers": 2,
-        "layers": 2,
-        "heads": 4,
-        "feedforward": 256,
-    }  # type: ignore[assignment]
-    try:
-        return tiny.make_tiny(directory)
-    finally:
-        tiny.tiny_config = original_config  # type: ignore[assignment]
-        tiny.TINY_HEAD_CONFIG = original_head  # type: ignore[assignment]
 
 
 def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int) -> dict[str, Any]:
@@ -266,11 +223,9 @@ def server_command(model: str, port: int, deterministic: bool, tmp_dir: Path) ->
         return [sys.executable, "-c", NULL_SERVER, str(port), "1" if deterministic else "0"]
     spec = model
     if model == "medium":
-        medium = tmp_dir / "medium"
-        if not medium.exists():
-            print("building the medium random model ...", flush=True)
-            make_medium(medium)
-        spec = str(medium)
+        from engine_bench import ensure_medium_checkpoint  # benchmarks/: the one medium model
+
+        spec = str(ensure_medium_checkpoint())
     command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", spec, "--port", str(port)]
     command += ["--log-level", "warning"]
     return command + (["--deterministic"] if deterministic else [])

@@ -166,8 +166,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from clef_runtime.bench import run_bench
+    from clef_runtime.model.checkpoint import CheckpointError
+    from clef_runtime.model.memory import InsufficientMemoryError
 
-    return run_bench(args)
+    if args.requests < 1 or args.state_words < 0:
+        print("clef bench: error: --requests must be at least 1, --state-words at least 0", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        clef = _load_clef(args)
+    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps(run_bench(clef, args.requests, args.state_words), indent=2, default=str))
+    return EXIT_OK
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,13 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
 
-    bench = sub.add_parser("bench", help="run the benchmark suite")
-    try:
-        from clef_runtime.bench import add_bench_arguments
-    except ImportError:
-        add_bench_arguments = None
-    if add_bench_arguments is not None:
-        add_bench_arguments(bench)
+    bench = sub.add_parser(
+        "bench", help="quick throughput of a loaded model (benchmarks/ has the full suite)"
+    )
+    from clef_runtime.bench import add_bench_arguments
+
+    add_engine_arguments(bench)
+    add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
     return parser
 
