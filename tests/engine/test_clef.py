@@ -83,6 +83,7 @@ def test_tiny_is_described_as_untrained(clef: Clef) -> None:
     assert "untrained" in clef.description.lower()
 
 
+@pytest.mark.slow
 def test_requests_do_not_affect_each_other(clef: Clef) -> None:
     alone = [clef.decide(r) for r in REQUESTS]
     # long, short, long again, in a row

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from starlette.requests import Request
 
@@ -39,6 +39,7 @@ __all__ = [
 logger = logging.getLogger("clef_runtime.server")
 
 RuntimeState = Literal["loading", "ready", "failed", "stopping"]
+T = TypeVar("T")
 
 
 Engine = DecisionEngine[PreparedItem]
@@ -241,7 +242,7 @@ class ServerRuntime:
 
     # --------------------------------------------------------------------------------------- pipeline
 
-    async def run_encoder(self, fn: Callable[[], Any]) -> Any:
+    async def run_encoder(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the encode thread and return its result (exceptions propagate)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._encoder, fn)
