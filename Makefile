@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/clef bench
+	$(BIN)/python benchmarks/suite.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

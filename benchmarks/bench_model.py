@@ -1,9 +1,9 @@
 """Model benchmark: ``decide`` latency on the tiny and the medium model, split into encode / backbone / head /
 answer time, and the backbone's tokens/s as a fraction of this machine's fp32 GEMM rate measured in the same
-run. Each figure sits beside the reference-way baseline that `clef_runtime.bench` implements.
+run. Each figure sits beside the reference-way baseline that `benchmarks/engine_bench.py` implements.
 
-This is the ``gemm`` + ``latency`` part of ``clef bench``; each model runs in a fresh process (clean peak
-RSS, no allocator state carried over).
+This is the ``gemm`` + ``latency`` part of ``benchmarks/engine_bench.py``; each model runs in a fresh process
+(clean peak RSS, no allocator state carried over).
 
     python benchmarks/bench_model.py                          # tiny + medium, default mode
     python benchmarks/bench_model.py --models medium --quick
@@ -28,9 +28,9 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def run_model(model: str, mode: str, work_dir: Path) -> dict[str, Any]:
-    """Run ``clef bench --sections gemm latency`` on ``model`` in a subprocess; returns its JSON report."""
+    """Run ``engine_bench.py --sections gemm latency`` on ``model`` in a subprocess; returns its JSON."""
     out = work_dir / f"model-{model}.json"
-    command = [sys.executable, "-m", "clef_runtime.cli", "bench", "--model", model]
+    command = [sys.executable, str(REPO / "benchmarks" / "engine_bench.py"), "--model", model]
     command += [
         "--sections",
         "gemm",

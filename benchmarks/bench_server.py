@@ -1,6 +1,6 @@
 """HTTP server benchmark: requests/s and p50/p95 latency of ``clef serve`` at several client concurrencies.
 
-For each model (``tiny``, and a ``medium`` random model built here in the release layout) two servers run
+For each model (``tiny``, and the ``medium`` random model of ``engine_bench.py``) two servers run
 side by side, one with dynamic batching (the default) and one with ``--deterministic`` (every request alone),
 and a mixed workload is sent at concurrency 1, 4 and 16, alternating between the two servers round by
 round so that other load on the machine affects both alike. The model "null" is an instant engine: it
@@ -21,10 +21,7 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +33,10 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tests.serving: the server-start helper the tests use too
+    sys.path.insert(0, str(REPO))
+
+from tests.serving import ServerProcess, free_port, start_server_process  # noqa: E402
 
 QUESTIONS = [
     ("refund", {"type": "noul", "instructions": "Is the customer asking for money back?"}),
@@ -66,84 +67,6 @@ def workload(count: int, seed: int = 0) -> list[dict[str, Any]]:
         questions = dict(QUESTIONS[: rng.randint(1, len(QUESTIONS))])
         bodies.append({"model": "jev-latest", "state": state, "questions": questions})
     return bodies
-
-
-def make_medium(directory: Path) -> Path:
-    """A random "medium" checkpoint in the release layout: the tiny recipe at hidden 512, 8 layers (6 Gated
-    DeltaNet + 2 attention), head width 128 (~0.3 B parameters with the full vocabulary tables)."""
-    from clef_runtime.model import tiny
-
-    original_config, original_head = tiny.tiny_config, dict(tiny.TINY_HEAD_CONFIG)
-
-    def medium_config(seed: int = 0) -> dict[str, Any]:
-        config = original_config(seed)
-        text = config["text_config"]
-        text.update(
-            hidden_size=512,
-            intermediate_size=1536,
-            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
-            num_hidden_layers=8,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=64,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=64,
-            linear_value_head_dim=64,
-        )
-        config["vision_config"]["out_hidden_size"] = 512
-        config["clef_runtime"]["medium"] = True
-        return config
-
-    tiny.tiny_config = medium_config  # type: ignore[assignment]
-    tiny.TINY_HEAD_CONFIG = {
-        "hidden_size": 512,
-        "width": 128,
-        "routing_layers": 2,
-        "layers": 2,
-        "heads": 4,
-        "feedforward": 256,
-    }  # type: ignore[assignment]
-    try:
-        return tiny.make_tiny(directory)
-    finally:
-        tiny.tiny_config = original_config  # type: ignore[assignment]
-        tiny.TINY_HEAD_CONFIG = original_head  # type: ignore[assignment]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(
-    command: list[str], port: int, log_path: Path, timeout: float = 600
-) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_")}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited {process.returncode}: {log_path.read_text()[-2000:]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError("server did not become ready")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-
-
-def stop_server(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(120)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int) -> dict[str, Any]:
@@ -197,6 +120,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 NULL_SERVER = """
 import sys
+from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import parse_request
 from clef_runtime.server.cli import configure_logging, serve
 from clef_runtime.server.settings import ServerSettings
@@ -205,14 +129,20 @@ class Record:
     truncated_state_tokens = 0
     def __init__(self, tokens): self.input_tokens = tokens
 
-class NullEngine:
+class Prepared:
+    def __init__(self, request, record): self.request, self.record = request, record
+
+class NullEngine:  # the server's engine contract (clef_runtime.engine.contract), answering at once
     name, description, release_date, untrained, max_length = "null", "instant answers", None, True, 16384
-    def parse(self, request): return parse_request(request)
-    def encode(self, request): return Record(len(str(request.state)) // 4 + 40)
+    options = EngineOptions()
+    def prepare(self, request, *, max_length=None):
+        parsed = parse_request(request)
+        return Prepared(parsed, Record(len(str(parsed.state)) // 4 + 40))
     def warmup(self): pass
+    def cache_stats(self): return {}
     def decide_encoded(self, items):
         out = []
-        for request, record in items:
+        for request, record in ((item.request, item.record) for item in items):
             answers = {}
             for qid, q in request.questions.items():
                 if q.type == "noul":
@@ -243,16 +173,14 @@ def bench_model(
     deterministic, batching, ...) so that load from elsewhere on a shared machine hits both alike. Every
     round sends requests of its own (the engine's state cache would answer a repeated state without its
     prefill); a last "warm" row replays requests already sent, to show the cache."""
-    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    servers: dict[str, ServerProcess] = {}
     try:
         for mode in ("batching", "deterministic"):
             port = free_port()
             command = server_command(model, port, mode == "deterministic", tmp_dir)
-            servers[mode] = (
-                start_server(command, port, tmp_dir / f"{model}-{mode}.log"),
-                f"http://127.0.0.1:{port}",
-            )
-            run_load(servers[mode][1], workload(4, seed=999), 1)  # warm-up
+            log_path = tmp_dir / f"{model}-{mode}.log"
+            servers[mode] = start_server_process(command, port, log_path=log_path, timeout=600)
+            run_load(servers[mode].url, workload(4, seed=999), 1)  # warm-up
         rows = []
         seed = 0
         sent: list[dict[str, Any]] = []
@@ -261,8 +189,8 @@ def bench_model(
             for _ in range(rounds):
                 seed += 1
                 sent = workload(requests, seed=seed)
-                for mode, (_, url) in servers.items():
-                    runs[mode].append(run_load(url, sent, concurrency))
+                for mode, server in servers.items():
+                    runs[mode].append(run_load(server.url, sent, concurrency))
             for mode, mode_runs in runs.items():
                 row = {
                     "model": model,
@@ -273,20 +201,20 @@ def bench_model(
                 }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-        for mode, (_, url) in servers.items():
+        for mode, server in servers.items():
             row = {
                 "model": model,
                 "mode": mode,
                 "concurrency": concurrencies[-1],
                 "cache": "warm (repeat)",
-                **summarize([run_load(url, sent, concurrencies[-1])]),
+                **summarize([run_load(server.url, sent, concurrencies[-1])]),
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
         return rows
     finally:
-        for process, _ in servers.values():
-            stop_server(process)
+        for server in servers.values():
+            server.stop(120)
 
 
 def server_command(model: str, port: int, deterministic: bool, tmp_dir: Path) -> list[str]:
@@ -295,11 +223,9 @@ def server_command(model: str, port: int, deterministic: bool, tmp_dir: Path) ->
         return [sys.executable, "-c", NULL_SERVER, str(port), "1" if deterministic else "0"]
     spec = model
     if model == "medium":
-        medium = tmp_dir / "medium"
-        if not medium.exists():
-            print("building the medium random model ...", flush=True)
-            make_medium(medium)
-        spec = str(medium)
+        from engine_bench import ensure_medium_checkpoint  # benchmarks/: the one medium model
+
+        spec = str(ensure_medium_checkpoint())
     command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", spec, "--port", str(port)]
     command += ["--log-level", "warning"]
     return command + (["--deterministic"] if deterministic else [])

@@ -11,8 +11,7 @@ and bf16) in the same process.
 Modes:
   fp32                 fp32 weights, transformers as is
   bf16-storage         bf16 Linear/Embedding weights, each converted into a shared fp32 scratch
-                       just before its matmul (``apply_bf16_storage(strategy="linear")``)
-  bf16-storage-layer   the same, converted per decoder layer by a pre-hook (``strategy="layer"``)
+                       just before its matmul (``apply_bf16_storage(model)``)
   bf16-compute         bf16 weights and bf16 matmuls, fp32 activations elsewhere
                        (``apply_bf16_storage(compute_dtype=torch.bfloat16)``)
   bf16                 ``model.to(torch.bfloat16)``: bf16 weights and activations
@@ -46,7 +45,7 @@ MALLOC_SETTINGS = {
     "MALLOC_TRIM_THRESHOLD_": "68719476736",
     "MALLOC_TOP_PAD_": "1073741824",
 }
-MODES = ("fp32", "bf16-storage", "bf16-storage-layer", "bf16-compute", "bf16")
+MODES = ("fp32", "bf16-storage", "bf16-compute", "bf16")
 DEFAULT_UNTUNED = ("fp32", "bf16-storage")
 
 # Qwen3.5-9B text model (no lm_head): 7.937e9 parameters, 1.017e9 of them the embedding.
@@ -172,12 +171,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     build_start = time.perf_counter()
     mode = args.mode
     model = build_real_block(torch.float32 if mode == "fp32" else torch.bfloat16)
-    if mode in ("bf16-storage", "bf16-storage-layer", "bf16-compute"):
-        apply_bf16_storage(
-            model,
-            strategy="layer" if mode == "bf16-storage-layer" else "linear",
-            compute_dtype=torch.bfloat16 if mode == "bf16-compute" else torch.float32,
-        )
+    if mode in ("bf16-storage", "bf16-compute"):
+        apply_bf16_storage(model, compute_dtype=torch.bfloat16 if mode == "bf16-compute" else torch.float32)
     install_cpu_kernels(model)
     build_s = time.perf_counter() - build_start
     rss_after_build = current_rss_bytes()

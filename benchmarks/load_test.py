@@ -11,8 +11,9 @@ Three phases, each against a fresh server process:
 * ``overflow-flood`` (fake engine only): a slow engine (``--overflow-delay-ms`` per call) with a small
   ``--max-queue`` is flooded at the same concurrency; the queue fills and the surplus gets 429 with
   ``Retry-After`` (its latency there is mostly the wait for the server's CPU, shared by 32 clients).
-* ``overflow-probe`` (fake engine only): the queue is held full (one request running for 4 s, one waiting,
-  ``--max-queue 1``) and ``--overflow-probes`` requests are sent one at a time: how long a 429 takes.
+* ``overflow-probe`` (fake engine only): the queue is held full (one request held running by a gate file
+  until the last probe, one waiting, ``--max-queue 1``) and ``--overflow-probes`` requests are sent one at a
+  time: how long a 429 takes.
 
 Usage::
 
@@ -29,11 +30,7 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -47,40 +44,46 @@ import httpx
 import zstandard
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tests.serving and the fake engine live in the repository's tests/
+    sys.path.insert(0, str(REPO))
+
+from tests.serving import ServerProcess, free_port, start_server_process  # noqa: E402
+
 MEMORY_TOLERANCE = 0.10
 
 SERVE_FAKE = textwrap.dedent(
     """
+    import os
     import sys
+    import time
     from clef_runtime.server.cli import configure_logging, serve
     from clef_runtime.server.settings import ServerSettings
     from tests.server.fake_engine import FakeClef
     configure_logging("warning")
 
 
+    port, delay_s = int(sys.argv[1]), float(sys.argv[2])
+    max_queue, max_batch = int(sys.argv[3]), int(sys.argv[4])
+    hold_path = sys.argv[5] if len(sys.argv) > 5 else ""
+
+
     class SoakClef(FakeClef):
         # FakeClef records every call's states for the API tests; a soak must not measure that log.
         def decide_encoded(self, items):
+            # A gate the client controls: every engine call waits while the hold file exists.
+            while hold_path and os.path.exists(hold_path):
+                time.sleep(0.005)
             try:
                 return super().decide_encoded(items)
             finally:
                 self.batches.clear()
 
 
-    port, delay_s = int(sys.argv[1]), float(sys.argv[2])
-    max_queue, max_batch = int(sys.argv[3]), int(sys.argv[4])
     settings = ServerSettings(model="fake", port=port, max_queue=max_queue, max_batch_size=max_batch)
     engine = SoakClef(delay_s=delay_s)
     sys.exit(serve(settings, engine_factory=lambda s: engine))
     """
 )
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -148,8 +151,6 @@ def expected_fake_answers(job: Job) -> dict[str, Any] | None:
     """The fake engine's answers for a System One job (None for other routes)."""
     if job.route != "/v1/systemone":
         return None
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from tests.server.fake_engine import FakeClef
 
     return FakeClef().decide(job.systemone)["answers"]
@@ -158,13 +159,8 @@ def expected_fake_answers(job: Job) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------- server
 
 
-@dataclass
-class ServerHandle:
-    """A server subprocess."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
+class ServerHandle(ServerProcess):
+    """A server subprocess whose memory can be read."""
 
     def rss_bytes(self) -> int:
         """The server process' resident set size, from /proc."""
@@ -173,51 +169,31 @@ class ServerHandle:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc status")
 
-    def stop(self) -> int:
-        """SIGTERM and wait; returns the exit status (kills after 60 s)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-                return -9
-        return int(self.process.returncode)
-
 
 def start_server(
-    engine: str, *, delay_s: float = 0.0, max_queue: int = 256, max_batch: int = 32, ready_s: float = 300
+    engine: str,
+    *,
+    delay_s: float = 0.0,
+    max_queue: int = 256,
+    max_batch: int = 32,
+    ready_s: float = 300,
+    hold_path: Path | None = None,
 ) -> ServerHandle:
-    """Start a server process (``engine``: ``fake`` or ``tiny``) and wait for ``/ready``.
+    """Start a server process (``engine``: ``fake`` or ``tiny``) and wait for ``/ready``. With the fake
+    engine, ``hold_path``: every engine call waits while that file exists.
 
     Returns its handle. Raises RuntimeError if it exits or is not ready within ``ready_s``.
     """
     port = free_port()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("CLEF_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if engine == "fake":
         command = [sys.executable, "-c", SERVE_FAKE, str(port), str(delay_s), str(max_queue), str(max_batch)]
+        command += [str(hold_path or "")]
     else:
         command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", engine, "--port", str(port)]
         command += ["--max-queue", str(max_queue), "--log-level", "warning"]
     log_path = Path(tempfile.mkstemp(prefix="clef-load-", suffix=".log")[1])
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    handle = ServerHandle(process, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + ready_s
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()}")
-        if time.monotonic() > deadline:
-            handle.stop()
-            raise RuntimeError(f"server not ready after {ready_s} s:\n{log_path.read_text()}")
-        try:
-            if httpx.get(handle.url + "/ready", timeout=2).status_code == 200:
-                return handle
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
+    server = start_server_process(command, port, log_path=log_path, timeout=ready_s)
+    return ServerHandle(server.process, server.url, server.log_path)
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -391,13 +367,15 @@ def _metric(url: str, name: str) -> float:
     return 0.0
 
 
-def run_overflow_probe(probes: int, hold_s: float = 4.0) -> PhaseReport:
-    """How fast a full queue says no: an engine that takes ``hold_s`` per request, one request at a time,
-    ``--max-queue 1``; two requests fill it (one running, one waiting), then ``probes`` requests are sent one
-    after another. Returns the report; the 429s' latencies are the point. It fails when a probe got
-    anything but 429 (or 200, if the queue drained meanwhile) or a held request was not answered."""
+def run_overflow_probe(probes: int) -> PhaseReport:
+    """How fast a full queue says no: the engine is held (a gate file) while two requests fill
+    ``--max-queue 1`` (one running, one waiting), then ``probes`` requests are sent one after another; the
+    gate opens only after the last probe, so every probe meets a full queue however slow the machine is.
+    Returns the report; the 429s' latencies are the point. It fails when a probe got anything but 429 or a
+    held request was not answered."""
     report = PhaseReport("overflow-probe", "fake", probes, 1)
-    server = start_server("fake", delay_s=hold_s, max_queue=1, max_batch=1)
+    hold = Path(tempfile.mkstemp(prefix="clef-hold-")[1])
+    server = start_server("fake", max_queue=1, max_batch=1, hold_path=hold)
     statuses: Counter[str] = Counter()
     refused_ms: list[float] = []
     held: list[httpx.Response] = []
@@ -405,9 +383,9 @@ def run_overflow_probe(probes: int, hold_s: float = 4.0) -> PhaseReport:
         body = {"state": "hold", "questions": {"q": NOUL}}
 
         async def hold_and_probe() -> None:
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
                 holders = []
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 60  # a bound on waiting, not a timing assumption
                 # One at a time: with --max-queue 1 the second must arrive after the first left the queue.
                 for metric in ("clef_running_requests", "clef_queue_depth"):
                     holders.append(
@@ -427,16 +405,18 @@ def run_overflow_probe(probes: int, hold_s: float = 4.0) -> PhaseReport:
                     if response.status_code == 429 and response.headers.get("retry-after"):
                         refused_ms.append((time.perf_counter() - sent) * 1000)
                 report.seconds = round(time.perf_counter() - started, 2)
+                hold.unlink()  # open the gate: the held requests finish
                 held.extend(await asyncio.gather(*holders))
 
         asyncio.run(hold_and_probe())
     finally:
+        hold.unlink(missing_ok=True)
         report.server_exit_status = server.stop()
     report.statuses = dict(sorted(statuses.items()))
     report.p50_429_ms = round(percentile(refused_ms, 0.50), 1)
     report.p99_429_ms = round(percentile(refused_ms, 0.99), 1)
     report.max_ms = round(max(refused_ms, default=0.0), 1)
-    if set(statuses) - {"200", "429"} or not refused_ms:
+    if report.statuses != {"429": probes} or len(refused_ms) != probes:
         report.failures.append(f"probes got {report.statuses}")
     if [r.status_code for r in held] != [200, 200]:
         report.failures.append("a held request was not answered")

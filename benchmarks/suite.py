@@ -1,5 +1,5 @@
-"""The performance suite: ``clef bench`` (every section) on the tiny and the medium model, one fresh process
-per model, raw JSON and markdown under ``benchmarks/results/``, and optionally the ``clef bench`` part of
+"""The performance suite: ``benchmarks/engine_bench.py`` (every section) on the tiny and the medium model,
+one fresh process per model, raw JSON and markdown under ``benchmarks/results/``, and optionally that part of
 BENCHMARKS.md refreshed in place (between its markers; every other section of the file is kept).
 
     python benchmarks/suite.py                                # tiny + medium, default mode (~15 min here)
@@ -25,10 +25,10 @@ END_MARKER = "<!-- clef-bench:end -->"
 
 
 def run_model(model: str, mode: str) -> Path:
-    """Run every ``clef bench`` section on ``model`` in a subprocess; returns the markdown file written."""
+    """Run every ``engine_bench.py`` section on ``model`` in a subprocess; returns the markdown written."""
     json_path = RESULTS / f"bench-{model}.json"
     markdown_path = json_path.with_suffix(".md")
-    command = [sys.executable, "-m", "clef_runtime.cli", "bench", "--model", model]
+    command = [sys.executable, str(REPO / "benchmarks" / "engine_bench.py"), "--model", model]
     command += [
         "--json",
         str(json_path.relative_to(REPO)),

@@ -1,4 +1,5 @@
-"""One options object: every engine option reaches every entry point (flag, CLEF_* variable, Clef.load)."""
+"""One options object: every engine option reaches every entry point (CLI flag, CLEF_* variable,
+Clef.load)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_every_engine_field_has_exactly_one_option() -> None:
     assert all(option.flag == "--" + option.field.replace("_", "-") for option in ENGINE_OPTIONS)
 
 
-@pytest.mark.parametrize("command", ["decide", "serve"])
+@pytest.mark.parametrize("command", ["decide", "serve", "bench"])
 def test_model_subcommands_take_every_engine_option(command: str) -> None:
     flags = subcommand_flags(command)
     assert "--model" in flags

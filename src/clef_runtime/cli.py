@@ -204,8 +204,19 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from clef_runtime.bench import run_bench
+    from clef_runtime.model.checkpoint import CheckpointError
+    from clef_runtime.model.memory import InsufficientMemoryError
 
-    return run_bench(args)
+    if args.requests < 1 or args.state_words < 0:
+        print("clef bench: error: --requests must be at least 1, --state-words at least 0", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        clef = _load_clef(args)
+    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps(run_bench(clef, args.requests, args.state_words), indent=2, default=str))
+    return EXIT_OK
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -214,10 +225,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_option_arguments(parser, (MODEL_OPTION, *ENGINE_OPTIONS))
 
 
-def build_parser(*, bench_arguments: bool = True) -> argparse.ArgumentParser:
-    """The ``clef`` argument parser. ``bench_arguments=False`` leaves out ``clef bench``'s own options, whose
-    module imports torch (``main`` adds them only when the command line names ``bench``)."""
-    from clef_runtime import __version__
+def build_parser() -> argparse.ArgumentParser:
+    """The ``clef`` argument parser."""
+    from clef_runtime.version import __version__
 
     parser = argparse.ArgumentParser(prog="clef", description="Run Clef decision models.")
     parser.add_argument("--version", action="version", version=f"clef-runtime {__version__}")
@@ -257,14 +267,13 @@ def build_parser(*, bench_arguments: bool = True) -> argparse.ArgumentParser:
     add_jobs_arguments(jobs)
     jobs.set_defaults(func=_cmd_jobs)
 
-    bench = sub.add_parser("bench", help="run the benchmark suite")
-    if bench_arguments:
-        try:
-            from clef_runtime.bench import add_bench_arguments
-        except ImportError:
-            pass
-        else:
-            add_bench_arguments(bench)
+    bench = sub.add_parser(
+        "bench", help="quick throughput of a loaded model (benchmarks/ has the full suite)"
+    )
+    from clef_runtime.bench import add_bench_arguments
+
+    add_engine_arguments(bench)
+    add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
     return parser
 
@@ -273,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clef`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # Only `clef bench` pays for importing its module (torch): `clef --help` and `clef encode` start fast.
-    parser = build_parser(bench_arguments="bench" in argv)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("encode", "decide"):
         # Before any heavy import or model load: a wrong path fails at once.

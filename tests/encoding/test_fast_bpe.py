@@ -89,6 +89,7 @@ def test_random_character_fuzz_equals_hf(fast: FastQwenTokenizer, clef_tokenizer
     assert fast.encode_many(texts) == clef_tokenizer.encode_many(texts)
 
 
+@pytest.mark.slow
 def test_applies_only_to_the_builtin_file(tmp_path: Path, clef_tokenizer: ClefTokenizer) -> None:
     assert fast_path_applies(clef_tokenizer)
     copy = tmp_path / "tokenizer.json"

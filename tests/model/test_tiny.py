@@ -116,6 +116,7 @@ def test_head_files(tiny_dir: Path) -> None:
     assert tensors["memory_projection.weight"].float().std() > 0.05
 
 
+@pytest.mark.slow
 def test_tokenizer_files(tiny_dir: Path, tokenizer_json_path: Path) -> None:
     assert (tiny_dir / "tokenizer.json").read_bytes() == tokenizer_json_path.read_bytes()
     config = json.loads((tiny_dir / "tokenizer_config.json").read_text())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,13 +87,12 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-@pytest.mark.parametrize("strategy", ["linear", "layer"])
 def test_bf16_storage_equals_fp32_with_rounded_weights(
-    fp32_model: torch.nn.Module, ids: torch.Tensor, strategy: str
+    fp32_model: torch.nn.Module, ids: torch.Tensor
 ) -> None:
     reference = rounded_copy(fp32_model)
     stored = copy.deepcopy(fp32_model)
-    apply_bf16_storage(stored, strategy=strategy)
+    apply_bf16_storage(stored)
     with torch.inference_mode():
         expected = reference(input_ids=ids).last_hidden_state
         out = stored(input_ids=ids).last_hidden_state
@@ -107,13 +105,12 @@ def test_bf16_storage_equals_fp32_with_rounded_weights(
         assert max_abs(fp32_model(input_ids=ids).last_hidden_state, expected) > 1e-3
 
 
-@pytest.mark.parametrize("strategy", ["linear", "layer"])
 def test_bf16_storage_with_kernels_and_chunked_prefill(
-    fp32_model: torch.nn.Module, ids: torch.Tensor, strategy: str
+    fp32_model: torch.nn.Module, ids: torch.Tensor
 ) -> None:
     reference = rounded_copy(fp32_model)
     stored = copy.deepcopy(fp32_model)
-    apply_bf16_storage(stored, strategy=strategy)
+    apply_bf16_storage(stored)
     assert install_cpu_kernels(stored) == 3
     with torch.inference_mode():
         expected = reference(input_ids=ids).last_hidden_state
@@ -185,11 +182,7 @@ def test_switching_compute_dtype_back_and_forth(fp32_model: torch.nn.Module, ids
         back = model(input_ids=ids).last_hidden_state
     assert not torch.equal(bf16_out, fp32_out)
     assert torch.equal(back, fp32_out)
-    layered = copy.deepcopy(fp32_model)
-    apply_bf16_storage(layered, strategy="layer")
-    with pytest.raises(ValueError, match="strategy='linear'"):
-        set_linear_compute_dtype(layered, torch.bfloat16)
-    with pytest.raises(ValueError, match="strategy='linear'"):
+    with pytest.raises(ValueError, match="apply_bf16_storage"):
         set_linear_compute_dtype(copy.deepcopy(fp32_model), torch.bfloat16)
     with pytest.raises(ValueError, match="compute_dtype"):
         set_linear_compute_dtype(model, torch.float16)
@@ -197,33 +190,11 @@ def test_switching_compute_dtype_back_and_forth(fp32_model: torch.nn.Module, ids
 
 def test_apply_rejects_bad_arguments_and_second_application(fp32_model: torch.nn.Module) -> None:
     model = copy.deepcopy(fp32_model)
-    with pytest.raises(ValueError, match="strategy"):
-        apply_bf16_storage(model, strategy="tensor")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="compute_dtype"):
         apply_bf16_storage(model, compute_dtype=torch.float16)
     apply_bf16_storage(model)
     with pytest.raises(ValueError, match="already"):
         apply_bf16_storage(model)
-
-
-def test_layer_strategy_releases_the_scratch_after_an_error(fp32_model: torch.nn.Module) -> None:
-    model = copy.deepcopy(fp32_model)
-    apply_bf16_storage(model, strategy="layer")
-    with pytest.raises(RuntimeError), torch.inference_mode():
-        model(inputs_embeds=torch.zeros(1, 5, 63))  # wrong width: fails inside layer 0
-    scratch = model.layers[0]._clef_scratch
-    acquired: list[bool] = []
-
-    def try_lock() -> None:  # from another thread: an RLock still held by this one would block it
-        got = scratch.lock.acquire(timeout=5)
-        if got:
-            scratch.lock.release()
-        acquired.append(got)
-
-    worker = threading.Thread(target=try_lock)
-    worker.start()
-    worker.join()
-    assert acquired == [True]
 
 
 def test_choose_weight_mode() -> None:

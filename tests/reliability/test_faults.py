@@ -18,9 +18,8 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,45 +29,11 @@ import pytest
 import torch
 
 from clef_runtime.model.resolve import resolve_model, tiny_cache_path
-from tests.server.conftest import Served, free_port
-from tests.server.fake_engine import FAIL_MARKER, FakeClef
+from tests.server.conftest import Served, free_port, send_behind_a_held_call
+from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 from tests.server.test_api import REQUEST, assert_error_shape, post
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class GatedEngine(FakeClef):
-    """The first engine call waits for ``gate`` so that the requests sent meanwhile queue up and go to the
-    next call together, as one batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.first_entered = threading.Event()
-
-    def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
-        if not self.first_entered.is_set():
-            self.first_entered.set()
-            assert self.gate.wait(20)
-        return super().decide_encoded(items)
-
-
-def send_behind_a_held_call(
-    served: Served, engine: GatedEngine, bodies: Sequence[dict[str, Any]]
-) -> tuple[Any, list[Any]]:
-    """Hold the engine with a first request, queue ``bodies``, release. Returns (first response,
-    responses to ``bodies`` in order)."""
-    runtime = served.app.state.runtime
-    with ThreadPoolExecutor(len(bodies) + 1) as pool:
-        first = pool.submit(post, served.client, {**REQUEST, "state": "holder"})
-        assert engine.first_entered.wait(10)
-        futures = [pool.submit(post, served.client, body) for body in bodies]
-        deadline = time.monotonic() + 10
-        while runtime.queue_depth() < len(bodies):
-            assert time.monotonic() < deadline, "requests did not queue"
-            time.sleep(0.002)
-        engine.gate.set()
-        return first.result(20), [future.result(20) for future in futures]
 
 
 def test_a_worker_exception_fails_only_its_request_and_batch_mates_are_retried_alone(
@@ -78,7 +43,7 @@ def test_a_worker_exception_fails_only_its_request_and_batch_mates_are_retried_a
     served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
     bodies = [{**REQUEST, "state": f"mate {i}"} for i in range(5)]
     bodies.insert(2, {**REQUEST, "state": f"bad {FAIL_MARKER}"})
-    first, responses = send_behind_a_held_call(served, engine, bodies)
+    first, responses = send_behind_a_held_call(served, engine, bodies, {**REQUEST, "state": "holder"})
     assert first.status_code == 200
     failing = responses.pop(2)
     detail = assert_error_shape(failing, 500, "internal_error")
@@ -105,7 +70,7 @@ class MemoryBoundEngine(GatedEngine):
         self.fits = fits
 
     def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
-        states = [str(request.state) for request, _ in items]
+        states = [str(item.request.state) for item in items]
         if self.first_entered.is_set() and (len(items) > self.fits or any("HUGE" in s for s in states)):
             with self._lock:
                 self.batches.append(states)
@@ -120,7 +85,7 @@ def test_a_batch_too_large_for_memory_is_split_and_a_request_too_large_alone_is_
     engine = MemoryBoundEngine(error)
     served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
     bodies = [{**REQUEST, "state": f"row {i}"} for i in range(4)] + [{**REQUEST, "state": "HUGE input"}]
-    first, responses = send_behind_a_held_call(served, engine, bodies)
+    first, responses = send_behind_a_held_call(served, engine, bodies, {**REQUEST, "state": "holder"})
     assert first.status_code == 200
     for body, response in zip(bodies[:4], responses[:4], strict=True):
         assert response.status_code == 200

@@ -62,7 +62,7 @@ def test_a_flood_against_a_small_queue_gets_only_200s_and_429s() -> None:
 def test_a_full_queue_answers_429_without_waiting_for_the_engine() -> None:
     report = load_test.run_overflow_probe(probes=50)
     assert report.failures == [], report
-    # The queue was full while the engine was busy for 4 s: the probes sent then were refused at once
-    # (their latencies are in the report; RELIABILITY.md has the figures).
-    assert report.statuses.get("429", 0) >= 1
+    # The engine was held (a gate, not a time window) until the last probe: every probe met a full queue and
+    # was refused with Retry-After (their latencies are in the report; RELIABILITY.md has the figures).
+    assert report.statuses == {"429": 50}
     assert report.p50_429_ms is not None

@@ -3,10 +3,10 @@ loopback socket (uvicorn in a thread)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
-from tests.server.fake_engine import FakeClef
+from tests.server.fake_engine import FakeClef, GatedEngine
+from tests.serving import free_port
 
 
 @dataclass
@@ -53,12 +54,6 @@ def serve_fake() -> Iterator[Callable[..., Served]]:
 def client(serve_fake: Callable[..., Served]) -> TestClient:
     """A client of a default app (auth off, default limits) with a fake engine."""
     return serve_fake().client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -97,3 +92,21 @@ def live_fake() -> Iterator[Callable[..., LiveServer]]:
     for server, thread in servers:
         server.should_exit = True
         thread.join(10)
+
+
+def send_behind_a_held_call(
+    served: Served, engine: GatedEngine, bodies: Sequence[Any], holder: Any
+) -> tuple[Any, list[Any]]:
+    """Send ``holder`` and hold the engine on it, send ``bodies`` and wait until every one is queued behind
+    it, then release the engine. Returns (holder's response, the responses to ``bodies`` in order)."""
+    runtime = served.app.state.runtime
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        first = pool.submit(served.client.post, "/v1/systemone", json=holder)
+        assert engine.first_entered.wait(10)
+        futures = [pool.submit(served.client.post, "/v1/systemone", json=body) for body in bodies]
+        deadline = time.monotonic() + 30  # a bound on waiting, not a timing assumption
+        while runtime.queue_depth() < len(bodies):
+            assert time.monotonic() < deadline, "requests did not queue"
+            time.sleep(0.002)
+        engine.gate.set()
+        return first.result(30), [future.result(30) for future in futures]

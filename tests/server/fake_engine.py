@@ -1,4 +1,5 @@
-"""A dummy engine with the real engine's interface, for API tests that run in milliseconds.
+"""A dummy engine implementing the server's engine contract (`clef_runtime.engine.contract.DecisionEngine`),
+for API tests that run in milliseconds.
 
 Tokens are whitespace-separated words of the rendered text (so tests can build inputs of an exact length).
 Answers are pseudo-random but a pure function of the request: the same request always gets the same
@@ -18,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.errors import InputTooLongError
+from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 
 FAIL_MARKER = "__fake_engine_fail__"
@@ -49,6 +52,16 @@ class FakeRecord:
         return len(self.input_ids)
 
 
+@dataclass(frozen=True)
+class FakePrepared:
+    """What `FakeClef.prepare` returns (the contract's ``PreparedItem``): the request without its images, its
+    record, and the images' wire sources as they came."""
+
+    request: SystemOneRequest
+    record: FakeRecord
+    images: tuple[Any, ...] = ()
+
+
 def schema_tokens(request: SystemOneRequest) -> int:
     """Tokens of everything but the state: prefix, one per question id, its instructions and criteria."""
     total = PREFIX_TOKENS + SUFFIX_TOKENS
@@ -61,7 +74,7 @@ def schema_tokens(request: SystemOneRequest) -> int:
 
 
 class FakeClef:
-    """Quacks like ``clef_runtime.engine.clef.Clef`` as far as the server is concerned."""
+    """Implements the server's engine contract, as ``clef_runtime.engine.clef.Clef`` does."""
 
     untrained = True
 
@@ -78,6 +91,7 @@ class FakeClef:
         self.description = "Fake engine for API tests (untrained: answers are pseudo-random)."
         self.release_date = release_date
         self.max_length = max_length
+        self.options = EngineOptions(max_length=max_length)
         self.delay_s = delay_s
         self.warmup_s = warmup_s
         self.batches: list[list[str]] = []  # the states of every engine call, in order
@@ -86,20 +100,27 @@ class FakeClef:
         self.max_concurrent_calls = 0
 
     def parse(self, request: Any) -> SystemOneRequest:
-        return parse_request(request)
+        body, _ = extract_images(request) if isinstance(request, dict) else (request, [])
+        return parse_request(body)
 
-    def encode(self, request: Any) -> FakeRecord:
+    def prepare(self, request: Any, *, max_length: int | None = None) -> FakePrepared:
+        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
+        parsed = parse_request(body)
+        return FakePrepared(parsed, self.encode(parsed, max_length=max_length), tuple(sources))
+
+    def encode(self, request: Any, *, max_length: int | None = None) -> FakeRecord:
         parsed = self.parse(request)
+        limit = self.max_length if max_length is None else max_length
         fixed = schema_tokens(parsed)
-        if fixed > self.max_length:
+        if fixed > limit:
             raise InputTooLongError(
                 ("questions",),
-                f"the questions alone are {fixed} tokens, over max_length {self.max_length}",
+                f"the questions alone are {fixed} tokens, over max_length {limit}",
                 input_tokens=fixed,
-                limit=self.max_length,
+                limit=limit,
             )
         state_words = words(parsed.state)
-        budget = self.max_length - fixed
+        budget = limit - fixed
         kept = min(len(state_words), budget)
         ids = tuple(range(fixed + kept))
         return FakeRecord(ids, tuple(parsed.questions), len(state_words) - kept, PREFIX_TOKENS + kept)
@@ -107,22 +128,24 @@ class FakeClef:
     def warmup(self) -> None:
         time.sleep(self.warmup_s)
 
-    def decide(self, request: Any) -> dict[str, Any]:
-        parsed = self.parse(request)
-        return self.decide_encoded([(parsed, self.encode(parsed))])[0]
+    def cache_stats(self) -> dict[str, int]:
+        return {}  # no state cache
 
-    def decide_encoded(self, items: Sequence[tuple[SystemOneRequest, FakeRecord]]) -> list[dict[str, Any]]:
+    def decide(self, request: Any) -> dict[str, Any]:
+        return self.decide_encoded([self.prepare(request)])[0]
+
+    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[dict[str, Any]]:
         with self._lock:
             self.calls_in_progress += 1
             self.max_concurrent_calls = max(self.max_concurrent_calls, self.calls_in_progress)
-            self.batches.append([_render(request.state) for request, _ in items])
+            self.batches.append([_render(item.request.state) for item in items])
         try:
             if self.delay_s:
                 time.sleep(self.delay_s)
-            for request, _ in items:
-                if FAIL_MARKER in _render(request.state):
+            for item in items:
+                if FAIL_MARKER in _render(item.request.state):
                     raise RuntimeError("fake engine failure")
-            return [self._answer(request, record) for request, record in items]
+            return [self._answer(item.request, item.record) for item in items]
         finally:
             with self._lock:
                 self.calls_in_progress -= 1
@@ -138,6 +161,22 @@ class FakeClef:
             "answers": answers,
             "usage": {"input_tokens": record.input_tokens, "output_tokens": 0},
         }
+
+
+class GatedEngine(FakeClef):
+    """The first engine call waits for ``gate`` so that the requests sent meanwhile queue up and go to the
+    next call together, as one batch (batching tested without depending on arrival times)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.first_entered = threading.Event()
+
+    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[dict[str, Any]]:
+        if not self.first_entered.is_set():
+            self.first_entered.set()
+            assert self.gate.wait(20)
+        return super().decide_encoded(items)
 
 
 def _distribution(rng: random.Random, n: int) -> list[float]:

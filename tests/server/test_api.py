@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from clef_runtime.protocol.systemone import parse_request
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
-from tests.server.conftest import Served
-from tests.server.fake_engine import FAIL_MARKER, FakeClef, schema_tokens
+from tests.server.conftest import Served, send_behind_a_held_call
+from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine, schema_tokens
 
 NOUL = {"type": "noul", "instructions": "Is a refund requested?"}
 CHOICE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "charges", "tech": None}}
@@ -177,6 +177,19 @@ def test_health_ready_metrics_and_docs(client: TestClient) -> None:
     for schema in spec["components"]["schemas"].values():  # every reference resolves
         for ref in _refs(schema):
             assert ref.rsplit("/", 1)[1] in spec["components"]["schemas"], ref
+
+
+def test_the_published_schema_describes_images(client: TestClient) -> None:
+    # The images are taken out of the body by hand; the schema still has to say they are accepted (and
+    # schema fuzzers then send them).
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    properties = schemas["SystemOneRequest"]["properties"]
+    images = next(member for member in properties["images"]["anyOf"] if member.get("type") == "array")
+    assert images["maxItems"] == 4
+    assert {"$ref": "#/components/schemas/Base64Image"} in images["items"]["anyOf"]
+    state_array = next(member for member in properties["state"]["anyOf"] if member.get("type") == "array")
+    assert {"$ref": "#/components/schemas/StateImageUrlPart"} in state_array["items"]["anyOf"]
+    assert {"$ref": "#/components/schemas/StateInputImagePart"} in state_array["items"]["anyOf"]
 
 
 def _refs(node: Any) -> list[str]:
@@ -626,7 +639,7 @@ def test_the_server_answers_after_the_whole_battery(client: TestClient) -> None:
 # ------------------------------------------------------------------------------------ readiness, load
 
 
-class GatedEngine(FakeClef):
+class LoadingEngine(FakeClef):
     """Warm-up waits for ``loaded`` so tests can look at the server while it is loading."""
 
     def __init__(self) -> None:
@@ -638,7 +651,7 @@ class GatedEngine(FakeClef):
 
 
 def test_health_answers_at_once_and_everything_else_is_503_until_warm() -> None:
-    engine = GatedEngine()
+    engine = LoadingEngine()
     app = create_app(ServerSettings(model="fake"), engine_factory=lambda s: engine)
     with TestClient(app) as client:
         health = client.get("/health").json()
@@ -716,11 +729,14 @@ def _mixed_requests(count: int) -> list[dict[str, Any]]:
 
 
 def test_64_concurrent_mixed_requests_each_get_their_own_answer(serve_fake: Callable[..., Served]) -> None:
-    served = serve_fake(FakeClef(delay_s=0.02), batch_window_ms=20)
+    # The engine holds its first call until the other 63 requests are queued behind it: they are then
+    # batched whatever the machine's speed (no dependence on arrival times).
+    engine = GatedEngine()
+    served = serve_fake(engine, batch_window_ms=0)
     bodies = _mixed_requests(64)
     sequential = [FakeClef().decide(body) for body in bodies]
-    with ThreadPoolExecutor(16) as pool:
-        responses = list(pool.map(lambda body: post(served.client, body), bodies))
+    first, rest = send_behind_a_held_call(served, engine, bodies[1:], bodies[0])
+    responses = [first, *rest]
     assert [r.status_code for r in responses] == [200] * 64
     for response, expected in zip(responses, sequential, strict=True):
         body = response.json()
@@ -772,23 +788,16 @@ def test_bodies_are_logged_only_with_log_requests(
 # ------------------------------------------------------------------------------- engine extensions
 
 
-class PreparingEngine(FakeClef):
-    """An engine with ``prepare`` (as Clef has: it keeps images) and ``cache_stats``."""
+class RecordingEngine(FakeClef):
+    """Keeps every item the server hands to ``decide_encoded``, and reports cache counters."""
 
     def __init__(self) -> None:
         super().__init__()
         self.items: list[Any] = []
 
-    def prepare(self, body: Any) -> Any:
-        request = self.parse({k: v for k, v in body.items() if k != "images"})
-        record = self.encode(request)
-        return type(
-            "Prepared", (), {"request": request, "record": record, "images": body.get("images", [])}
-        )()
-
     def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
         self.items.extend(items)
-        return super().decide_encoded([(item.request, item.record) for item in items])
+        return super().decide_encoded(items)
 
     def cache_stats(self) -> dict[str, int]:
         return {
@@ -801,17 +810,18 @@ class PreparingEngine(FakeClef):
         }
 
 
-def test_an_engine_with_prepare_gets_its_prepared_items(serve_fake: Callable[..., Served]) -> None:
-    served = serve_fake(PreparingEngine())
+def test_the_engine_gets_what_its_prepare_returned(serve_fake: Callable[..., Served]) -> None:
+    served = serve_fake(RecordingEngine())
     body = {**REQUEST, "images": ["data:image/png;base64,AAAA"]}
     response = post(served.client, body)
     assert response.status_code == 200
-    assert served.engine.items[0].images == ["data:image/png;base64,AAAA"]  # not dropped on the way
+    (image,) = served.engine.items[0].images  # not dropped on the way
+    assert (image.data, image.content_type, image.loc) == (b"\x00\x00\x00", "image/png", ("images", 0))
     assert response.json()["answers"] == FakeClef().decide(REQUEST)["answers"]
 
 
 def test_engine_cache_statistics_are_exported(serve_fake: Callable[..., Served]) -> None:
-    text = serve_fake(PreparingEngine()).client.get("/metrics").text
+    text = serve_fake(RecordingEngine()).client.get("/metrics").text
     assert "clef_cache_hits_total 3.0" in text
     assert "clef_cache_tokens_saved_total 90.0" in text
     assert "# TYPE clef_cache_entries gauge" in text and "clef_cache_bytes 4096.0" in text

@@ -12,16 +12,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +25,8 @@ import httpx
 import pytest
 import zstandard
 
-from tests.server.conftest import free_port
 from tests.server.test_api import MALFORMED, WRONG_TYPES
+from tests.serving import ServerProcess, clef_serve_argv, free_port, start_server_process
 
 pytestmark = pytest.mark.slow
 
@@ -42,61 +38,20 @@ API_KEY = "conformance-key"
 ALLOWED_MUST_FAILURES = {"semantics.question-id"}
 
 
-@dataclass
-class ServerProcess:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 def start_server(tmp_dir: Path, *args: str, ready_timeout: float = 180.0) -> ServerProcess:
     """``python -m clef_runtime.cli serve --model tiny --port P ARGS``, waited on until /ready is 200."""
     port = free_port()
-    log_path = tmp_dir / f"serve-{port}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "clef_runtime.cli",
-        "serve",
-        "--model",
-        "tiny",
-        "--port",
-        str(port),
-        *args,
-    ]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("CLEF_")}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"clef serve exited with {process.returncode}:\n{log_path.read_text()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"clef serve did not become ready:\n{log_path.read_text()}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return ServerProcess(url, process, log_path)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    return start_server_process(
+        clef_serve_argv("tiny", port, *args),
+        port,
+        log_path=tmp_dir / f"serve-{port}.log",
+        timeout=ready_timeout,
+    )
 
 
 def stop_server(server: ServerProcess) -> int:
-    """SIGTERM, then wait; kill if it does not stop. Returns the exit status."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            return server.process.wait(60)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(10)
-            raise
-    return server.process.returncode
+    """SIGTERM, then wait (kill after 60 s). Returns the exit status."""
+    return server.stop()
 
 
 @pytest.fixture(scope="module")

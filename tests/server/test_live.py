@@ -23,6 +23,7 @@ import pytest
 
 from tests.server.conftest import LiveServer, free_port
 from tests.server.fake_engine import FakeClef
+from tests.serving import start_server_process
 
 REPO = Path(__file__).resolve().parents[2]
 NOUL = {"type": "noul", "instructions": "Is a refund requested?"}
@@ -127,26 +128,12 @@ SERVE_FAKE = textwrap.dedent(
 def start_fake_process(
     delay_s: float, warmup_s: float = 0.0, wait_for: str = "/ready"
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """The fake engine's server in a process (its output on a pipe), waited on until ``wait_for`` is 200.
+    Returns (process, url)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVE_FAKE, str(port), str(delay_s), str(warmup_s)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-        assert time.monotonic() < deadline, "fake server process did not become ready"
-        try:
-            if httpx.get(url + wait_for, timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
+    argv = [sys.executable, "-c", SERVE_FAKE, str(port), str(delay_s), str(warmup_s)]
+    server = start_server_process(argv, port, wait_for=wait_for, timeout=60)
+    return server.process, server.url
 
 
 @pytest.mark.slow

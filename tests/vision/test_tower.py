@@ -184,6 +184,7 @@ def test_from_module_wraps_a_built_model(state, images):
     torch.testing.assert_close(tower.embed(images[:1])[0], direct_embed(reference, images[0]), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_tiny_release_checkpoint(tmp_path, images):
     directory = make_tiny(tmp_path / "tiny", seed=3)
     config = json.loads((directory / "config.json").read_text())

@@ -1,11 +1,10 @@
-"""Token-exact Clef prompt encoding: tokenizer, ``render``, ``question_options``, ``encode_record``."""
+"""Token-exact Clef prompt encoding: tokenizer, ``render``, ``question_options``, ``Encoder``."""
 
 from clef_runtime.encoding.encoder import (
     DEFAULT_MAX_LENGTH,
     EncodedQuestion,
     EncodedRecord,
     Encoder,
-    encode_record,
     question_options,
 )
 from clef_runtime.encoding.render import render
@@ -15,7 +14,6 @@ __all__ = [
     "EncodedQuestion",
     "EncodedRecord",
     "Encoder",
-    "encode_record",
     "question_options",
     "render",
 ]

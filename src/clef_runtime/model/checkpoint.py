@@ -27,39 +27,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_runtime.release import (
+    CONFIG_FILE,
+    HEAD_CONFIG_FILE,
+    HEAD_WEIGHTS_FILE,
+    INDEX_FILE,
+    LM_HEAD_TENSOR,
+    PROCESSOR_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+)
+
 __all__ = [
-    "CONFIG_FILE",
-    "HEAD_CONFIG_FILE",
-    "HEAD_WEIGHTS_FILE",
-    "INDEX_FILE",
-    "LM_HEAD_TENSOR",
     "PINNED_FILE_SIZES",
     "PINNED_REPO_ID",
     "PINNED_REVISION",
-    "PROCESSOR_CONFIG_FILE",
     "RELEASE_ARCHITECTURE",
     "RELEASE_FILE_PATTERNS",
     "RELEASE_MODEL_TYPE",
     "REQUIRED_FILES",
     "SAFETENSORS_DTYPE_SIZES",
-    "TEXT_PREFIX",
-    "TOKENIZER_CONFIG_FILE",
-    "TOKENIZER_FILE",
-    "VISION_PREFIX",
     "CheckpointError",
     "CheckpointInfo",
     "TensorInfo",
     "read_safetensors_header",
     "verify_checkpoint",
 ]
-
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-HEAD_WEIGHTS_FILE = "joint_head.safetensors"
-HEAD_CONFIG_FILE = "joint_head_config.json"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-PROCESSOR_CONFIG_FILE = "processor_config.json"
 
 REQUIRED_FILES: tuple[str, ...] = (
     CONFIG_FILE,
@@ -85,14 +78,11 @@ RELEASE_FILE_PATTERNS: tuple[str, ...] = (
 
 RELEASE_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 RELEASE_MODEL_TYPE = "qwen3_5"
-TEXT_PREFIX = "model.language_model."
-VISION_PREFIX = "model.visual."
-LM_HEAD_TENSOR = "lm_head.weight"
 
 PINNED_REPO_ID = "Cloudflare/clef-flash"
 PINNED_REVISION = "17f0b0ad64efb65d273590632833508766b2aae6"
 
-# Published byte sizes of the pinned revision's files (research/clef-model.md section 2). Checked before any
+# Published byte sizes of the pinned revision's files (docs/model.md section 2). Checked before any
 # file is parsed when the caller asks for the pinned revision: a partial download or another revision shows.
 PINNED_FILE_SIZES: Mapping[str, int] = {
     CONFIG_FILE: 2_832,

@@ -1,4 +1,4 @@
-"""Clef's joint schema head (research/clef-model.md section 6), our own vectorised PyTorch implementation.
+"""Clef's joint schema head (docs/model.md section 6), our own vectorised PyTorch implementation.
 
 The module tree reproduces the release's parameter names and shapes exactly (122 tensors for the release
 config) so that `joint_head.safetensors` loads with `load_state_dict(strict=True)`. The torch modules only
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-HEAD_CONFIG_FILE = "joint_head_config.json"
-HEAD_WEIGHTS_FILE = "joint_head.safetensors"
-
-#: Question type ids of the release (the rows of `type_embedding`).
-QUESTION_TYPE_IDS: Mapping[str, int] = {"noul": 0, "choice": 1, "score": 2}
+from clef_runtime.encoding.encoder import QUESTION_TYPE_IDS
+from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 
 LAYER_NORM_EPS = 1e-5
 NORMALIZE_EPS = 1e-12
@@ -624,7 +621,7 @@ class JointSchemaHead(nn.Module):
         return F.linear(F.gelu(F.linear(inputs, first.weight, first.bias)), second.weight, second.bias)
 
     def _logits(self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex) -> Tensor:
-        """The reference forward (clef-model.md 6.3) over a packed batch; returns packed [O] logits."""
+        """The reference forward (docs/model.md section 6) over a packed batch; returns packed [O] logits."""
         batch, width = index.batch_size, self.width
         memory = self._memory_rows(hidden_rows)  # [N, W], also used un-normalised by the decoder
         span_means = self._span_means(hidden_rows, index)

@@ -61,8 +61,9 @@ __all__ = [
 #: set from Python. Measured on the 2-core VM:
 #:
 #: - the malloc settings keep freed memory in the heap, so that large tensors reuse pages instead
-#:   of being mapped and page-faulted in again (DESIGN.md: 2.8x on a 9B prefill that allocated a
-#:   fresh fp32 weight per matmul; with bf16 storage's reused scratch the gain is small);
+#:   of being mapped and page-faulted in again (measured during development on an AVX2 VM: 2.8x on
+#:   a 9B prefill that allocated a fresh fp32 weight per matmul; with bf16 storage's reused scratch
+#:   the gain is small);
 #: - ``OMP_WAIT_POLICY=PASSIVE`` makes idle OpenMP workers sleep instead of spin. When the cores are
 #:   shared with anything else, spinning threads wait at every barrier for a descheduled peer: a
 #:   2-thread prefill of the medium benchmark model (T = 1,024) took 19-64 s with the default
@@ -526,30 +527,23 @@ def _gated_delta_net_forward(
     beta = b.sigmoid()
     g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
     cu_seqlens = kwargs.pop("cu_seq_lens_q", None)
-    if recurrent_state is not None and seq_len == 1:
-        core_out, last_state = _qwen3_5.torch_recurrent_gated_delta_rule(
-            query,
-            key,
-            value,
-            g=g,
-            beta=beta,
-            initial_state=recurrent_state,
-            output_final_state=cache is not None,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens,
-        )
-    else:
-        core_out, last_state = chunk_gated_delta_rule(
-            query,
-            key,
-            value,
-            g=g,
-            beta=beta,
-            initial_state=recurrent_state,
-            output_final_state=cache is not None,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens,
-        )
+    # One token after a cached state: the recurrent form; otherwise the chunked one.
+    rule = (
+        _qwen3_5.torch_recurrent_gated_delta_rule
+        if recurrent_state is not None and seq_len == 1
+        else chunk_gated_delta_rule
+    )
+    core_out, last_state = rule(
+        query,
+        key,
+        value,
+        g=g,
+        beta=beta,
+        initial_state=recurrent_state,
+        output_final_state=cache is not None,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens,
+    )
     if cache is not None:
         cache.update_recurrent_state(last_state, self.layer_idx)
 

@@ -7,17 +7,14 @@ request needs; those few rows are cast to fp32 and averaged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import safetensors
 import torch
 from torch import Tensor
 
-SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
-SINGLE_SAFETENSORS_FILE = "model.safetensors"
-LM_HEAD_TENSOR = "lm_head.weight"
+from clef_runtime.release import LM_HEAD_TENSOR
+from clef_runtime.shards import ShardError, open_index, read_tensors
 
 
 class LexicalTableError(ValueError):
@@ -71,36 +68,18 @@ class LexicalTable:
         """Loads one tensor of a (sharded) safetensors checkpoint, keeping its dtype.
 
         `index_json_path_or_dir` is a `model.safetensors.index.json`, a directory holding one (or, for an
-        unsharded checkpoint, a `model.safetensors`), or a `.safetensors` file itself. The shard named by
-        the index's `weight_map` is opened with `safetensors.safe_open` (framework pt) and only
-        `tensor_name` is read. `device` optionally moves the table (still in its dtype).
+        unsharded checkpoint, a `model.safetensors`), or a `.safetensors` file itself
+        (`clef_runtime.shards.open_index`). Only `tensor_name` is read, from the shard the index names.
+        `device` optionally moves the table (still in its dtype).
         Returns the table. Raises LexicalTableError if a file is missing or unreadable, the index lacks
         the tensor, or the shard does not hold it.
         """
-        path = Path(index_json_path_or_dir)
-        if path.is_dir():
-            index_path = path / SAFETENSORS_INDEX_FILE
-            if index_path.is_file():
-                shard_path = _shard_from_index(index_path, tensor_name)
-            elif (path / SINGLE_SAFETENSORS_FILE).is_file():
-                shard_path = path / SINGLE_SAFETENSORS_FILE
-            else:
-                raise LexicalTableError(
-                    f"{path}: neither {SAFETENSORS_INDEX_FILE} nor {SINGLE_SAFETENSORS_FILE} found"
-                )
-        elif path.suffix == ".safetensors":
-            shard_path = path
-        else:
-            shard_path = _shard_from_index(path, tensor_name)
-        if not shard_path.is_file():
-            raise LexicalTableError(f"{shard_path}: safetensors shard holding {tensor_name!r} not found")
         try:
-            with safetensors.safe_open(str(shard_path), framework="pt", device="cpu") as reader:
-                if tensor_name not in reader.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    raise LexicalTableError(f"{shard_path}: no tensor named {tensor_name!r}")
-                weight = reader.get_tensor(tensor_name)
-        except (OSError, safetensors.SafetensorError) as error:
-            raise LexicalTableError(f"{shard_path}: cannot read {tensor_name!r}: {error}") from error
+            index = open_index(index_json_path_or_dir)
+            shard_path = index.shard_of(tensor_name)
+            ((_, weight),) = read_tensors(index, [tensor_name])
+        except ShardError as error:
+            raise LexicalTableError(str(error)) from error
         if device is not None:
             weight = weight.to(device)
         try:
@@ -149,20 +128,3 @@ class LexicalTable:
         sums = torch.zeros(bounds.shape[0], self.hidden_size, dtype=torch.float32, device=target)
         sums.index_add_(0, segments.to(target), rows[inverse.to(target)])
         return sums / lengths.to(device=target, dtype=torch.float32)[:, None]
-
-
-def _shard_from_index(index_path: Path, tensor_name: str) -> Path:
-    """Returns the shard file that `index_path`'s weight_map assigns to `tensor_name`."""
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise LexicalTableError(f"{index_path}: safetensors index not found") from error
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise LexicalTableError(f"{index_path}: cannot read the safetensors index: {error}") from error
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict):
-        raise LexicalTableError(f"{index_path}: the safetensors index has no weight_map object")
-    shard_name = weight_map.get(tensor_name)
-    if not isinstance(shard_name, str):
-        raise LexicalTableError(f"{index_path}: weight_map has no entry for {tensor_name!r}")
-    return index_path.parent / shard_name

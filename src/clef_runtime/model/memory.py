@@ -8,8 +8,10 @@ The estimate itemises what the runtime holds:
 - the JointSchemaHead in fp32;
 - a working-memory allowance (torch runtime, prefill activations, allocator slack).
 
-For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32); the CPU
-default (fp32 text model + bf16 lexical table + fp32 head) needs ~37 GB and does not fit a 24 GB machine.
+For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32). On CPU,
+fp32 weights (text model in fp32 + bf16 lexical table + fp32 head) need ~37 GB; the default weight mode
+(``--weights auto``) then keeps the text weights in bf16 storage with fp32 compute (~18 GB of text weights +
+2 GB lexical table + 0.5 GB head), which fits a 24 GB machine.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from clef_runtime.model.checkpoint import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX, CheckpointInfo
+from clef_runtime.model.checkpoint import CheckpointInfo
+from clef_runtime.model.device import resolve_device
+from clef_runtime.release import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 
 __all__ = [
     "InsufficientMemoryError",
@@ -108,8 +112,6 @@ def estimate_model_memory(
     counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32. Returns a
     `MemoryEstimate`. Raises ValueError for an unavailable device.
     """
-    from clef_runtime.model.backbone import resolve_device
-
     resolved_device = resolve_device(device)
     element = torch.empty((), dtype=dtype).element_size()
     text = vision = lexical = 0
@@ -164,8 +166,10 @@ def check_fits(estimate: MemoryEstimate, available: int | None = None) -> None:
     if estimate.total_bytes <= available:
         return
     needed = f"~{estimate.total_bytes / _GB:.1f} GB in {_dtype_name(estimate.dtype)}"
-    if estimate.device.type == "cpu":
-        advice = "use --device cuda or a machine with more memory; bf16-storage mode comes in a later release"
+    if estimate.device.type == "cpu" and estimate.dtype == torch.float32:
+        advice = "use --weights bf16-storage (half the memory, fp32 compute), --device cuda, or more memory"
+    elif estimate.device.type == "cpu":
+        advice = "use --device cuda or a machine with more memory"
     else:
         advice = "use a GPU with more free memory, or --device cpu on a machine with enough RAM"
     raise InsufficientMemoryError(

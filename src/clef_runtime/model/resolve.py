@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clef_runtime.model.checkpoint import (
-    CONFIG_FILE,
     PINNED_FILE_SIZES,
     PINNED_REPO_ID,
     PINNED_REVISION,
     RELEASE_FILE_PATTERNS,
     CheckpointError,
 )
+from clef_runtime.release import CONFIG_FILE
 
 __all__ = [
     "TINY_SPEC",
@@ -59,8 +59,8 @@ class ResolvedModel:
 
 
 def _tiny_version() -> str:
-    from clef_runtime import __version__
     from clef_runtime.model.tiny import TINY_FORMAT
+    from clef_runtime.version import __version__
 
     return f"{__version__}-f{TINY_FORMAT}"
 

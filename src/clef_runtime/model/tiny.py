@@ -24,16 +24,18 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from clef_runtime.model.checkpoint import (
+from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
+from clef_runtime.model.checkpoint import RELEASE_ARCHITECTURE, RELEASE_MODEL_TYPE
+from clef_runtime.release import (
     CONFIG_FILE,
     HEAD_CONFIG_FILE,
     HEAD_WEIGHTS_FILE,
     INDEX_FILE,
     PROCESSOR_CONFIG_FILE,
-    RELEASE_ARCHITECTURE,
-    RELEASE_MODEL_TYPE,
+    TEXT_PREFIX,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
+    VISION_PREFIX,
 )
 
 __all__ = [
@@ -49,7 +51,6 @@ __all__ = [
 TINY_FORMAT = 1
 
 VOCAB_SIZE = 248_320
-ENDOFTEXT_ID = 248_044  # <|endoftext|>, the release's eos / pad id
 TEXT_HIDDEN = 64
 
 #: Head geometry of the tiny checkpoint (joint_head_config.json, in the release's key order).
@@ -163,7 +164,7 @@ def _tokenizer_config() -> dict[str, Any]:
 
 
 def _processor_config() -> dict[str, Any]:
-    # Qwen3.5's stock processor (research/clef-model.md 4.8): pixel-count bounds 256^2 .. 4096^2, patch 16,
+    # Qwen3.5's stock processor (docs/model.md section 5): pixel-count bounds 256^2 .. 4096^2, patch 16,
     # merge 2, temporal 2, mean = std = 0.5, rescale 1/255, bicubic.
     image_processor = {
         "do_convert_rgb": True,
@@ -217,9 +218,9 @@ def _backbone_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tens
         values = rng.uniform(-1.0, 1.0, shape).astype(np.float32)
     elif name.endswith("linear_attn.norm.weight"):
         values = _normal(rng, shape, 0.1, mean=1.0)  # gated RMSNorm: plain weight
-    elif name.startswith("model.language_model.") and leaf == "weight" and len(shape) == 1:
+    elif name.startswith(TEXT_PREFIX) and leaf == "weight" and len(shape) == 1:
         values = _normal(rng, shape, 0.1)  # zero-centred RMSNorms: y = x_hat * (1 + w)
-    elif name.startswith("model.visual.") and "norm" in name and leaf == "weight":
+    elif name.startswith(VISION_PREFIX) and "norm" in name and leaf == "weight":
         values = _normal(rng, shape, 0.1, mean=1.0)  # LayerNorm weight
     elif leaf == "bias":
         values = _normal(rng, shape, 0.02)

@@ -8,16 +8,10 @@ result equals an fp32 model whose Linear weights were rounded to bf16.
 
 The conversion goes into a scratch buffer that is reused by every Linear of the model (a fresh
 200 MB fp32 tensor per matmul would be mapped and page-faulted in again on every call under
-glibc's default allocator settings). Two ways to schedule it are provided:
+glibc's default allocator settings): each Linear converts its own weight into the shared scratch
+just before its matmul (scratch = the largest weight, 201 MB at the 9B width).
 
-- ``strategy="linear"``: each Linear converts its own weight into the shared scratch just before
-  its matmul (scratch = the largest weight, 201 MB at the 9B width).
-- ``strategy="layer"``: a forward pre-hook on each decoder layer converts all of that layer's
-  Linear weights at once into a scratch the size of the largest layer (0.87 GB at the 9B width);
-  the Linears then read their slices (a Linear outside the decoder layers converts into a fresh
-  tensor).
-
-``benchmarks/bench_weights.py`` measures both against fp32 and pure bf16.
+``benchmarks/bench_weights.py`` measures it against fp32 and pure bf16.
 
 ``compute_dtype=torch.bfloat16`` is a third option for CPUs with bf16 matrix units (AMX /
 AVX512-BF16, see :func:`has_fast_bf16_matmul`): the Linear inputs are rounded to bf16 and the
@@ -46,7 +40,6 @@ __all__ = [
 ]
 
 WeightMode = Literal["fp32", "bf16-storage"]
-Strategy = Literal["linear", "layer"]
 
 # Memory beyond the weights that a prefill needs: torch runtime, activations of a few thousand
 # tokens at the 9B width (~1-2 GB at T = 1024-4096), the fp32 scratch of bf16 storage (<= 0.9 GB)
@@ -145,18 +138,6 @@ def _linear_forward_per_linear(self: nn.Linear, hidden_states: torch.Tensor) -> 
         return F.linear(hidden_states.float(), weight, self.bias)
 
 
-def _linear_forward_layer_prepared(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
-    """fp32 Linear reading the fp32 copy its decoder layer's pre-hook prepared.
-
-    Outside its layer's forward (or for a Linear in no decoder layer) it converts into a fresh
-    tensor: the shared scratch may hold a running layer's weights.
-    """
-    weight = self._clef_prepared_weight
-    if weight is None:
-        weight = self.weight.float()
-    return F.linear(hidden_states.float(), weight, self.bias)
-
-
 def _linear_forward_bf16_compute(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
     """bf16 matmul (fp32 accumulation inside the GEMM) on bf16 weights, fp32 output."""
     bias = None if self.bias is None else self.bias.to(torch.bfloat16)
@@ -175,32 +156,6 @@ def _embedding_forward(self: nn.Embedding, input_ids: torch.Tensor) -> torch.Ten
         self.sparse,
     )
     return rows.float()
-
-
-def _layer_pre_hook(layer: nn.Module, args: object) -> None:
-    """Convert all bf16 Linear weights of ``layer`` into the scratch before the layer runs."""
-    scratch: _Fp32Scratch = layer._clef_scratch
-    # Held until the post-hook: the prepared fp32 views live in the shared scratch.
-    scratch.lock.acquire()
-    layer._clef_holding_scratch = True
-    try:
-        offset = 0
-        for linear in layer._clef_linears:
-            linear._clef_prepared_weight = scratch.upcast(linear.weight, offset)
-            offset += linear.weight.numel()
-    except BaseException:
-        _layer_post_hook(layer, args, None)
-        raise
-
-
-def _layer_post_hook(layer: nn.Module, args: object, output: object) -> None:
-    """Drop the layer's fp32 views and release the scratch (safe to call twice)."""
-    if not getattr(layer, "_clef_holding_scratch", False):
-        return
-    for linear in layer._clef_linears:
-        linear._clef_prepared_weight = None
-    layer._clef_holding_scratch = False
-    layer._clef_scratch.lock.release()
 
 
 def _restore_rotary_inv_freq(module: nn.Module) -> None:
@@ -223,19 +178,9 @@ def _restore_rotary_inv_freq(module: nn.Module) -> None:
         module.original_inv_freq = module.inv_freq.clone()
 
 
-def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The elements of every ``layers`` ModuleList (transformers' decoder stacks)."""
-    found: list[nn.Module] = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and name.split(".")[-1] == "layers":
-            found.extend(module)
-    return found
-
-
 def apply_bf16_storage(
     model: nn.Module,
     *,
-    strategy: Strategy = "linear",
     compute_dtype: torch.dtype = torch.float32,
     include_embeddings: bool = True,
 ) -> None:
@@ -244,23 +189,19 @@ def apply_bf16_storage(
     In place, on CPU models. Linear weights become bf16 parameters; Linear biases, norms, the
     conv, ``A_log``/``dt_bias`` and every other floating parameter or buffer become fp32, and a
     RoPE ``inv_freq`` rounded by an earlier bf16 cast is recomputed in fp32. Each Linear then
-    converts its weight to fp32 just before its matmul (see the module docstring for the two
-    strategies) and returns fp32; an Embedding gathers bf16 rows and returns them in fp32. Feed
-    the model fp32 activations (``inputs_embeds``) or ids. Calling it twice is an error.
+    converts its weight to fp32 into the shared scratch just before its matmul and returns fp32;
+    an Embedding gathers bf16 rows and returns them in fp32. Feed the model fp32 activations
+    (``inputs_embeds``) or ids. Calling it twice is an error.
 
     Args:
         model: the module tree (e.g. a ``Qwen3_5TextModel``).
-        strategy: ``"linear"`` (per-matmul conversion) or ``"layer"`` (per-decoder-layer
-            conversion); only used with fp32 compute.
         compute_dtype: ``torch.float32`` (default), or ``torch.bfloat16`` for bf16 matmuls with
             fp32 activations elsewhere (fast only where :func:`has_fast_bf16_matmul`).
         include_embeddings: also keep ``nn.Embedding`` weights in bf16 (the 9B's 1B-row table).
 
     Raises:
-        ValueError: on an unknown strategy or compute dtype, or if already applied.
+        ValueError: on an unknown compute dtype, or if already applied.
     """
-    if strategy not in ("linear", "layer"):
-        raise ValueError(f"unknown strategy {strategy!r}")
     if compute_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}")
     if getattr(model, _STATE_ATTRIBUTE, False):
@@ -290,34 +231,24 @@ def apply_bf16_storage(
 
     for linear in linears:
         linear._clef_scratch = scratch
-    setattr(model, _STATE_ATTRIBUTE, strategy)
-    if strategy == "layer" and compute_dtype == torch.float32:
-        for linear in linears:
-            linear._clef_prepared_weight = None
-            linear.forward = types.MethodType(_linear_forward_layer_prepared, linear)
-        _install_layer_hooks(model, scratch)
-    else:
-        set_linear_compute_dtype(model, compute_dtype)
+    setattr(model, _STATE_ATTRIBUTE, True)
+    set_linear_compute_dtype(model, compute_dtype)
 
 
 def set_linear_compute_dtype(model: nn.Module, compute_dtype: torch.dtype) -> None:
     """Switch the Linears of a bf16-storage model between fp32 and bf16 matmuls.
 
-    For a model prepared by :func:`apply_bf16_storage` with ``strategy="linear"``: fp32 converts
+    For a model prepared by :func:`apply_bf16_storage`: fp32 converts
     each weight into the shared scratch (allocated at its final size on first use of fp32);
     bf16 runs the matmul in bf16 with fp32 activations around it.
 
     Raises:
-        ValueError: if the model has no bf16 storage, uses ``strategy="layer"``, or the dtype is
-            neither float32 nor bfloat16.
+        ValueError: if the model has no bf16 storage, or the dtype is neither float32 nor bfloat16.
     """
     if compute_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}")
-    strategy = getattr(model, _STATE_ATTRIBUTE, None)
-    if strategy != "linear":
-        raise ValueError(
-            f"needs a model prepared by apply_bf16_storage(strategy='linear'), found {strategy!r}"
-        )
+    if not getattr(model, _STATE_ATTRIBUTE, False):
+        raise ValueError("needs a model prepared by apply_bf16_storage")
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and hasattr(m, "_clef_scratch")]
     if compute_dtype == torch.bfloat16:
         for linear in linears:
@@ -328,17 +259,3 @@ def set_linear_compute_dtype(model: nn.Module, compute_dtype: torch.dtype) -> No
     if linears:
         # Allocate the shared scratch once, at its final size, before the first forward.
         linears[0]._clef_scratch.reserve(max(linear.weight.numel() for linear in linears))
-
-
-def _install_layer_hooks(model: nn.Module, scratch: _Fp32Scratch) -> None:
-    largest_layer = 0
-    for layer in _decoder_layers(model):
-        layer_linears = [module for module in layer.modules() if isinstance(module, nn.Linear)]
-        if not layer_linears:
-            continue
-        layer._clef_scratch = scratch
-        layer._clef_linears = layer_linears
-        layer.register_forward_pre_hook(_layer_pre_hook)
-        layer.register_forward_hook(_layer_post_hook, always_call=True)
-        largest_layer = max(largest_layer, sum(linear.weight.numel() for linear in layer_linears))
-    scratch.reserve(largest_layer)

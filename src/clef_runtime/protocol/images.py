@@ -53,7 +53,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -69,6 +69,7 @@ __all__ = [
     "ImageUrl",
     "StateImageUrlPart",
     "StateInputImagePart",
+    "add_image_fields",
     "extract_images",
     "normalize_content_type",
 ]
@@ -102,7 +103,7 @@ class ImageSource:
 
 
 # --- pydantic models: only for the OpenAPI description of the accepted shapes (validation is done by hand
-# below so that every error names the exact image). --------------------------------------------------------
+# below so that every error names the exact image); `add_image_fields` puts them into the published schema. --
 
 
 class Base64Image(BaseModel):
@@ -136,6 +137,35 @@ class StateInputImagePart(BaseModel):
     type: Literal["input_image"]
     image_url: str | ImageUrl
     detail: str | None = Field(default=None, description="ignored")
+
+
+class _ImageFields(BaseModel):
+    """The image fields of a System One request, as published (see `add_image_fields`)."""
+
+    images: list[Annotated[str, Field(description="a data: URL")] | Base64Image] | None = Field(
+        default=None,
+        max_length=MAX_IMAGES,
+        description=(
+            f"At most {MAX_IMAGES} images (PNG, JPEG or WebP; {MAX_IMAGE_BYTES // 2**20} MiB each, "
+            f"{MAX_TOTAL_IMAGE_BYTES // 2**20} MiB in total), placed before the state."
+        ),
+    )
+    state_parts: list[StateImageUrlPart | StateInputImagePart]
+
+
+def add_image_fields(request_schema: dict[str, Any], ref_template: str) -> dict[str, Any]:
+    """Add the ``images`` field and the image parts of a ``state`` array to the JSON schema of
+    ``SystemOneRequest`` (in place), so that the published schema describes every accepted shape (and schema
+    fuzzers send images). Returns the definitions the additions refer to (for ``components/schemas``)."""
+    fields = _ImageFields.model_json_schema(ref_template=ref_template)
+    definitions: dict[str, Any] = fields.pop("$defs", {})
+    properties = request_schema["properties"]
+    properties["images"] = fields["properties"]["images"]
+    image_parts = fields["properties"]["state_parts"]["items"]["anyOf"]
+    for member in properties["state"]["anyOf"]:
+        if member.get("type") == "array":
+            member["items"] = {"anyOf": [*image_parts, {}]}
+    return definitions
 
 
 # --- extraction ----------------------------------------------------------------------------------------

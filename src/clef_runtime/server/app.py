@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clef_runtime import __version__
 from clef_runtime.protocol.decisions import DecisionsRequest
+from clef_runtime.protocol.images import add_image_fields
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
@@ -36,6 +36,7 @@ from clef_runtime.server.routes_pages import router as pages_router
 from clef_runtime.server.routes_systemone import router as systemone_router
 from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
+from clef_runtime.version import __version__
 
 __all__ = ["RequestContextMiddleware", "create_app"]
 
@@ -146,10 +147,13 @@ def _install_openapi(app: FastAPI) -> None:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        ref_template = "#/components/schemas/{model}"
         for model in (SystemOneRequest, DecisionsRequest):
-            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            model_schema = model.model_json_schema(ref_template=ref_template)
             components.update(model_schema.pop("$defs", {}))
             components[model.__name__] = model_schema
+        # The images are taken out of the body by hand (each error names its image): publish their shapes.
+        components.update(add_image_fields(components[SystemOneRequest.__name__], ref_template))
         app.openapi_schema = schema
         return schema
 

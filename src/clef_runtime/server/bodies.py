@@ -14,13 +14,9 @@ from typing import Any
 import zstandard
 from starlette.requests import ClientDisconnect, Request
 
-from clef_runtime.server.errors import ApiError
+from clef_runtime.server.errors import ApiError, ClientGone
 
-__all__ = ["ClientGone", "decode_content", "parse_json", "read_body"]
-
-
-class ClientGone(Exception):
-    """The client disconnected while its body was being read."""
+__all__ = ["decode_content", "parse_json", "read_body"]
 
 
 def _too_large(limit: int, what: str) -> ApiError:

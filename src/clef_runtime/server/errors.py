@@ -21,6 +21,7 @@ from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestVa
 
 __all__ = [
     "ApiError",
+    "ClientGone",
     "error_body",
     "install_error_handlers",
     "too_long_error",
@@ -42,6 +43,11 @@ _STATUS_ERROR_TYPES = {
     500: "internal_error",
     503: "not_ready",
 }
+
+
+class ClientGone(Exception):
+    """The client disconnected: while its body was being read, or before its answer was ready (the work was
+    dropped if it had not started). Answered with 499 in logs and metrics, never delivered."""
 
 
 class ApiError(Exception):

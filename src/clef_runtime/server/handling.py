@@ -11,14 +11,12 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from clef_runtime.server.bodies import ClientGone as BodyClientGone
 from clef_runtime.server.bodies import decode_content, parse_json, read_body
 from clef_runtime.server.errors import ApiError, error_body
 from clef_runtime.server.runtime import Prepared, ServerRuntime
 
 __all__ = [
     "ERROR_RESPONSES",
-    "BodyClientGone",
     "authenticate",
     "client_gone_response",
     "finish",
@@ -101,7 +99,7 @@ async def read_json_body(request: Request) -> Any:
     """Read, decompress and parse the JSON body within the configured limits.
 
     Returns the decoded JSON value. Raises :class:`ApiError` (400/413/415/422) or
-    :class:`BodyClientGone` when the client disconnects mid-body.
+    :class:`ClientGone` when the client disconnects mid-body.
     """
     runtime = runtime_of(request)
     limit = runtime.settings.max_body_bytes

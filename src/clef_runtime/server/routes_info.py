@@ -8,11 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from clef_runtime import __version__
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
 from clef_runtime.server.metrics import CONTENT_TYPE
 from clef_runtime.server.openapi_docs import json_example
+from clef_runtime.version import __version__
 
 __all__ = ["UNKNOWN_RELEASE_DATE", "router"]
 
@@ -54,7 +54,7 @@ async def health(request: Request) -> dict[str, Any]:
         "status": "ok",
         "state": runtime.state,
         "ready": runtime.state == "ready",
-        "model": getattr(engine, "name", None) or runtime.settings.model,
+        "model": runtime.settings.model if engine is None else engine.name,
         "queue_depth": runtime.queue_depth(),
         "version": __version__,
     }
@@ -134,8 +134,8 @@ async def models(request: Request) -> JSONResponse:
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
-    release_date = getattr(engine, "release_date", None) or UNKNOWN_RELEASE_DATE
-    untrained = bool(getattr(engine, "untrained", False))
+    release_date = engine.release_date or UNKNOWN_RELEASE_DATE
+    untrained = engine.untrained
     card = {"name": engine.name, "description": engine.description, "release_date": release_date}
     openai_entry = {
         "id": engine.name,

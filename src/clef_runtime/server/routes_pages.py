@@ -20,10 +20,10 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from clef_runtime import __version__
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import runtime_of
 from clef_runtime.server.openapi_docs import json_example
+from clef_runtime.version import __version__
 
 __all__ = ["PAGE_CSP", "STATIC_FILES", "VENDOR_FILES", "docs_csp", "router"]
 

@@ -14,23 +14,23 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from starlette.requests import Request
 
+from clef_runtime.engine.contract import DecisionEngine, PreparedItem
 from clef_runtime.engine.scheduler import DynamicBatcher, QueueFullError, SchedulerClosedError
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
-from clef_runtime.server.errors import ApiError
+from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.settings import ServerSettings
 
 __all__ = [
-    "ClientGone",
-    "DecisionEngine",
+    "Engine",
     "EngineFactory",
     "Prepared",
     "ServerRuntime",
@@ -40,29 +40,13 @@ __all__ = [
 logger = logging.getLogger("clef_runtime.server")
 
 RuntimeState = Literal["loading", "ready", "failed", "stopping"]
+T = TypeVar("T")
 
 
-class DecisionEngine(Protocol):
-    """What the server needs of an engine; :class:`clef_runtime.engine.clef.Clef` provides it."""
+Engine = DecisionEngine[PreparedItem]
+"""An engine as the server holds it (see `clef_runtime.engine.contract`)."""
 
-    name: str
-    description: str
-    release_date: str | None
-    max_length: int
-
-    def parse(self, request: Any) -> Any: ...
-
-    def encode(self, request: Any) -> Any: ...
-
-    # Optional: ``prepare(body) -> PreparedRequest`` (``.request``, ``.record``; images decoded). Used when
-    # present, because ``parse`` drops a request's images.
-
-    def decide_encoded(self, items: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]]: ...
-
-    def warmup(self) -> None: ...
-
-
-EngineFactory = Callable[[ServerSettings], DecisionEngine]
+EngineFactory = Callable[[ServerSettings], Engine]
 
 
 class Dispatcher(Protocol):
@@ -87,10 +71,10 @@ class Dispatcher(Protocol):
 
 
 #: Builds the dispatcher once the engine is loaded.
-DispatcherFactory = Callable[[DecisionEngine, ServerSettings, "ServerRuntime"], Dispatcher]
+DispatcherFactory = Callable[[Engine, ServerSettings, "ServerRuntime"], Dispatcher]
 
 
-def load_clef(settings: ServerSettings) -> DecisionEngine:
+def load_clef(settings: ServerSettings) -> Engine:
     """Load the model named by ``settings.model`` with the settings' engine options (the default factory).
 
     Returns the loaded ``Clef``. Raises whatever ``Clef.load`` raises (missing files, bad revision, ...).
@@ -110,7 +94,7 @@ def _expected_load_error(exc: BaseException) -> bool:
     return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
 
 
-def local_batcher(engine: DecisionEngine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
+def local_batcher(engine: Engine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
     """The default dispatcher: a `DynamicBatcher` over the engine in this process."""
     return DynamicBatcher(
         lambda items: engine.decide_encoded(items),
@@ -139,37 +123,27 @@ class Arrival:
             self._runtime._arrival_done()
 
 
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready; the work was dropped if it had not started."""
-
-
 @dataclass(frozen=True)
 class Prepared:
     """A validated and encoded request, ready for the batcher."""
 
-    request: Any
-    """The engine's parsed request (``SystemOneRequest``)."""
-    record: Any
-    """The engine's ``EncodedRecord``."""
-    item: Any
-    """What goes to ``decide_encoded``: the engine's ``PreparedRequest`` (with its images), or the
-    ``(request, record)`` tuple for an engine without ``prepare``."""
+    item: PreparedItem
+    """What the engine's ``prepare`` returned; goes to its ``decide_encoded`` as it is."""
 
     @property
     def input_tokens(self) -> int:
         """Tokens the engine will compute."""
-        return int(self.record.input_tokens)
+        return self.item.record.input_tokens
 
     @property
     def truncated_state_tokens(self) -> int:
         """State tokens cut to fit the token limit (0 when nothing was cut)."""
-        return int(getattr(self.record, "truncated_state_tokens", 0))
+        return self.item.record.truncated_state_tokens
 
     @property
     def question_types(self) -> list[str]:
         """The type of every question, in order."""
-        questions = getattr(self.request, "questions", {}) or {}
-        return [str(getattr(q, "type", "unknown")) for q in questions.values()]
+        return [question.type for question in self.item.request.questions.values()]
 
 
 class ServerRuntime:
@@ -194,7 +168,7 @@ class ServerRuntime:
         self._on_fatal = on_fatal
         self._lock = threading.Lock()
         self._state: RuntimeState = "loading"
-        self._engine: DecisionEngine | None = None
+        self._engine: Engine | None = None
         self._batcher: Dispatcher | None = None
         self._failure: str | None = None
         self._load_started = time.monotonic()
@@ -216,7 +190,7 @@ class ServerRuntime:
         return self._state
 
     @property
-    def engine(self) -> DecisionEngine | None:
+    def engine(self) -> Engine | None:
         """The loaded engine, or None before it is ready."""
         return self._engine
 
@@ -245,7 +219,7 @@ class ServerRuntime:
         logger.info("loading model %r", settings.model)
         try:
             engine = self._factory(settings)
-            logger.info("warming up %r", getattr(engine, "name", settings.model))
+            logger.info("warming up %r", engine.name)
             engine.warmup()
         except BaseException as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
@@ -272,7 +246,7 @@ class ServerRuntime:
             self._state = "ready"
         self.metrics.ready.set(1)
         self.metrics.load_seconds.set(seconds)
-        logger.info("model %r ready in %.1f s", getattr(engine, "name", settings.model), seconds)
+        logger.info("model %r ready in %.1f s", engine.name, seconds)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop accepting work, finish what was accepted, release the threads."""
@@ -293,14 +267,13 @@ class ServerRuntime:
         return float(self._batcher.running) if self._batcher is not None else 0.0
 
     def _engine_cache_stats(self) -> Mapping[str, float] | None:
-        stats = getattr(self._engine, "cache_stats", None)
-        return stats() if callable(stats) else None
+        return None if self._engine is None else self._engine.cache_stats()
 
     def queue_depth(self) -> int:
         """Requests waiting for the engine."""
         return int(self._queue_depth())
 
-    def require_ready(self) -> DecisionEngine:
+    def require_ready(self) -> Engine:
         """The engine, or :class:`ApiError` 503 ``not_ready`` (with Retry-After) when it is not loaded."""
         engine = self._engine
         if self._state == "ready" and engine is not None:
@@ -319,25 +292,18 @@ class ServerRuntime:
 
     # --------------------------------------------------------------------------------------- pipeline
 
-    async def run_encoder(self, fn: Callable[[], Any]) -> Any:
+    async def run_encoder(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the encode thread and return its result (exceptions propagate)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._encoder, fn)
 
-    def prepare_sync(self, engine: DecisionEngine, data: Any) -> Prepared:
+    def prepare_sync(self, engine: Engine, data: Any) -> Prepared:
         """Validate and encode a System One body, enforcing the token limit.
 
         Returns the prepared request. Raises :class:`RequestValidationError` (422) or
         :class:`InputTooLongError` (413) before any model work.
         """
-        prepare = getattr(engine, "prepare", None)
-        if callable(prepare):
-            item = prepare(data)
-            prepared = Prepared(item.request, item.record, item)
-        else:
-            request = engine.parse(data)
-            record = engine.encode(request)
-            prepared = Prepared(request, record, (request, record))
+        prepared = Prepared(engine.prepare(data))
         limit = self.settings.input_token_limit
         full = prepared.input_tokens + prepared.truncated_state_tokens
         if self.settings.on_overflow == "reject" and prepared.truncated_state_tokens > 0:

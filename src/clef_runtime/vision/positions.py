@@ -1,6 +1,6 @@
 """M-RoPE position planes (t, h, w) for a row with image blocks, as transformers' Qwen3.5 ``get_rope_index``.
 
-Rule (transformers 5.24 ``Qwen3_5Model.get_rope_index`` for images; research/clef-model.md section 5): the
+Rule (transformers 5.24 ``Qwen3_5Model.get_rope_index`` for images; docs/model.md section 5): the
 row is split into runs of text tokens and image-pad blocks; a counter ``cur`` starts at 0.
 
 - a text run of length L gets ``cur .. cur + L - 1`` on all three planes, then ``cur += L``;

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +54,6 @@ __all__ = [
     "PreprocessedImage",
     "patchify",
     "preprocess",
-    "smart_resize",
 ]
 
 PATCH_SIZE = 16
@@ -122,30 +120,6 @@ class PreprocessedImage:
     grid_thw: tuple[int, int, int]
     merged_hw: tuple[int, int]
     n_tokens: int
-
-
-def smart_resize(
-    height: int, width: int, *, factor: int = FACTOR, min_pixels: int = 65_536, max_pixels: int = 16_777_216
-) -> tuple[int, int]:
-    """The Qwen2-VL resize rule: (height, width) rounded to multiples of ``factor`` (Python ``round``, ties to
-    even), scaled down (floor) if over ``max_pixels`` or up (ceil) if under ``min_pixels``, aspect kept.
-
-    Returns the target (height, width). Raises ``ValueError`` for an aspect ratio over 200.
-    Used to predict the processor's grid; the processor itself does the resizing in ``native`` mode.
-    """
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio must be at most 200, got {max(height, width) / min(height, width)}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def _image_processor_dict(processor_config: Mapping[str, Any] | None) -> dict[str, Any]:

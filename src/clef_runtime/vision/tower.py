@@ -1,8 +1,8 @@
 """The Qwen3.5 vision tower (transformers' ``Qwen3_5VisionModel``), loaded lazily from a release checkpoint.
 
-Only the ``model.visual.*`` tensors are read, from the safetensors shards named by
-``model.safetensors.index.json`` (or a single ``model.safetensors``); the module is built from the
-``vision_config`` of the checkpoint's ``config.json``. Nothing is executed from the checkpoint (no
+Only the ``model.visual.*`` tensors are read, through the shared shard reader (`clef_runtime.shards`:
+the shards named by ``model.safetensors.index.json``, or a single ``model.safetensors``); the module is built
+from the ``vision_config`` of the checkpoint's ``config.json``. Nothing is executed from the checkpoint (no
 ``trust_remote_code``, no pickle). Nothing is read until the first :meth:`VisionTower.embed` (or an explicit
 :meth:`VisionTower.load`).
 
@@ -14,71 +14,46 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clef_runtime.release import CONFIG_FILE, VISION_PREFIX
+from clef_runtime.shards import ShardError, open_index, read_tensors
 from clef_runtime.vision.preprocess import PATCH_DIM, PreprocessedImage
 
-__all__ = ["VISUAL_PREFIX", "VisionTower", "read_vision_state_dict"]
-
-VISUAL_PREFIX = "model.visual."
-"""Name prefix of the vision tower's tensors in a ``Qwen3_5ForConditionalGeneration`` checkpoint."""
-
-
-def _shard_path(root: Path, name: str) -> Path:
-    path = (root / name).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise ValueError(f"safetensors shard {name!r} is outside the checkpoint directory")
-    return path
+__all__ = ["VisionTower", "read_vision_state_dict"]
 
 
 def read_vision_state_dict(
-    checkpoint_dir: str | Path, *, prefix: str = VISUAL_PREFIX, dtype: torch.dtype | None = torch.float32
+    checkpoint_dir: str | Path, *, prefix: str = VISION_PREFIX, dtype: torch.dtype | None = torch.float32
 ) -> dict[str, torch.Tensor]:
-    """Read only the tensors named ``prefix*`` from the checkpoint's safetensors files.
+    """Read only the tensors named ``prefix*`` from the checkpoint's safetensors files
+    (`clef_runtime.shards`: the index, or a single ``model.safetensors``).
 
     Returns them keyed without the prefix (``patch_embed.proj.weight``, ...), cast to ``dtype`` (``None``:
-    as stored). Raises ``FileNotFoundError`` when the directory has neither ``model.safetensors.index.json``
-    nor ``model.safetensors``, ``ValueError`` when no tensor has the prefix or the index names a file outside
-    the directory.
+    as stored). Raises ``FileNotFoundError`` (a `ShardsNotFoundError`) when the directory has neither
+    ``model.safetensors.index.json`` nor ``model.safetensors``, ``ValueError`` (a `ShardError`) when no tensor
+    has the prefix, the index names a file outside the directory or a shard cannot be read.
     """
-    from safetensors import safe_open
-
     root = Path(checkpoint_dir)
-    index_path = root / "model.safetensors.index.json"
-    by_shard: dict[Path, list[str]] = defaultdict(list)
-    if index_path.is_file():
-        weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        for name, shard in weight_map.items():
-            if name.startswith(prefix):
-                by_shard[_shard_path(root, shard)].append(name)
-    elif (root / "model.safetensors").is_file():
-        single = root / "model.safetensors"
-        with safe_open(str(single), framework="pt") as handle:
-            by_shard[single] = [name for name in handle.keys() if name.startswith(prefix)]  # noqa: SIM118
-    else:
-        raise FileNotFoundError(f"{root} has neither model.safetensors.index.json nor model.safetensors")
-    if not any(by_shard.values()):
-        raise ValueError(f"no vision tower tensors ({prefix}*) in the checkpoint at {root}")
-
-    state: dict[str, torch.Tensor] = {}
-    for shard, names in sorted(by_shard.items()):
-        with safe_open(str(shard), framework="pt") as handle:
-            for name in names:
-                tensor = handle.get_tensor(name)
-                state[name[len(prefix) :]] = tensor if dtype is None else tensor.to(dtype)
-    return state
+    index = open_index(root)
+    names = index.names(prefix)
+    if not names:
+        raise ShardError(f"no vision tower tensors ({prefix}*) in the checkpoint at {root}", root)
+    return {
+        name[len(prefix) :]: tensor if dtype is None else tensor.to(dtype)
+        for name, tensor in read_tensors(index, names)
+    }
 
 
 def _read_vision_config(checkpoint_dir: Path) -> dict[str, Any]:
-    config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
+    config = json.loads((checkpoint_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
-        raise ValueError(f"{checkpoint_dir / 'config.json'} has no vision_config")
+        raise ValueError(f"{checkpoint_dir / CONFIG_FILE} has no vision_config")
     return vision
 
 
@@ -118,7 +93,7 @@ class VisionTower:
         *,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        prefix: str = VISUAL_PREFIX,
+        prefix: str = VISION_PREFIX,
     ) -> None:
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.device = torch.device(device)

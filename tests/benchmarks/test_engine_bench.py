@@ -1,5 +1,6 @@
-"""``clef bench``: the quick run on the tiny model, the in-benchmark baseline, the medium geometry, the
-padding measurement and the random-checkpoint writer it builds the medium model with."""
+"""benchmarks/engine_bench.py (developer tooling, not in the package): the quick run on the tiny model, the
+in-benchmark baseline, the medium geometry, the padding measurement and the random-checkpoint writer it builds
+the medium model with."""
 
 from __future__ import annotations
 
@@ -11,23 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from clef_runtime.bench import (
-    MEDIUM_HEAD_CONFIG,
-    MEDIUM_TEXT_OVERRIDES,
-    SECTIONS,
-    ReferenceBaseline,
-    backbone_flops,
-    evaluate_targets,
-    make_state,
-    padding_waste,
-    request_of_length,
-)
-from clef_runtime.cli import main
 from clef_runtime.engine.clef import Clef
 from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.checkpoint import verify_checkpoint
 from clef_runtime.model.head import HeadLayout
 from clef_runtime.model.tiny import make_random_checkpoint, random_checkpoint_config
+from tests.benchmarks import load_benchmark
+
+engine_bench = load_benchmark("engine_bench")
+MEDIUM_HEAD_CONFIG = engine_bench.MEDIUM_HEAD_CONFIG
+MEDIUM_TEXT_OVERRIDES = engine_bench.MEDIUM_TEXT_OVERRIDES
+SECTIONS = engine_bench.SECTIONS
+ReferenceBaseline = engine_bench.ReferenceBaseline
+backbone_flops = engine_bench.backbone_flops
+evaluate_targets = engine_bench.evaluate_targets
+make_state = engine_bench.make_state
+padding_waste = engine_bench.padding_waste
+request_of_length = engine_bench.request_of_length
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,8 @@ def tiny_clef() -> Clef:
 @pytest.mark.slow
 def test_quick_bench_on_tiny_writes_json_and_markdown(tmp_path: Path) -> None:
     json_path, markdown_path = tmp_path / "bench.json", tmp_path / "bench.md"
-    status = main(
-        ["bench", "--quick", "--model", "tiny", "--json", str(json_path), "--markdown", str(markdown_path)]
+    status = engine_bench.main(
+        ["--quick", "--model", "tiny", "--json", str(json_path), "--markdown", str(markdown_path)]
     )
     assert status == 0
     report = json.loads(json_path.read_text())

@@ -1,0 +1,82 @@
+"""What the server needs of an engine, and nothing more: the contract `clef_runtime.engine.clef.Clef` and the
+tests' fake engine both implement.
+
+The server never reaches past this protocol (no optional methods looked up with ``getattr``), so a new
+engine, or a fake one, is complete when it has every member below. ``tests/server/test_engine_contract.py``
+checks that both implementations have every member with the same parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from clef_runtime.options import EngineOptions
+from clef_runtime.protocol.systemone import SystemOneRequest
+
+__all__ = ["DecisionEngine", "EncodedRow", "PreparedItem"]
+
+
+class EncodedRow(Protocol):
+    """The token accounting of an encoded request (``EncodedRecord`` has it)."""
+
+    @property
+    def input_tokens(self) -> int:
+        """Tokens the model reads (``usage.input_tokens``)."""
+        ...
+
+    @property
+    def truncated_state_tokens(self) -> int:
+        """State tokens cut to fit the token limit (0 when nothing was cut)."""
+        ...
+
+
+class PreparedItem(Protocol):
+    """A validated, encoded request, ready for `DecisionEngine.decide_encoded` (``PreparedRequest``)."""
+
+    @property
+    def request(self) -> SystemOneRequest:
+        """The parsed request (images taken out)."""
+        ...
+
+    @property
+    def record(self) -> EncodedRow:
+        """Its encoded row."""
+        ...
+
+
+PreparedT = TypeVar("PreparedT", bound=PreparedItem)
+
+
+class DecisionEngine(Protocol[PreparedT]):
+    """A loaded model as the server uses it. ``PreparedT``: the engine's own prepared-request type; the
+    server passes back exactly what `prepare` returned."""
+
+    name: str
+    """The model name answered in ``model`` and listed by ``/v1/models``."""
+    description: str
+    release_date: str | None
+    untrained: bool
+    """True for random weights (the tiny model): the server says so in ``/v1/models``."""
+    max_length: int
+    """The token limit of one request."""
+    options: EngineOptions
+    """The options the engine was loaded with."""
+
+    def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedT:
+        """Validate and encode one JSON-decoded System One body (images included) without touching the
+        model. Raises ``RequestValidationError`` (422) or ``InputTooLongError`` (413)."""
+        ...
+
+    def decide_encoded(self, items: Sequence[PreparedT]) -> list[dict[str, Any]]:
+        """Answer a batch of prepared requests: one System One response dict per item, in order. A failure
+        fails the whole batch (the batcher retries its items one by one)."""
+        ...
+
+    def warmup(self) -> None:
+        """Run one small request so the first real one does not pay for lazy initialisation."""
+        ...
+
+    def cache_stats(self) -> Mapping[str, int]:
+        """Counters exported on ``/metrics`` as ``clef_cache_*`` (empty for an engine without a cache)."""
+        ...

@@ -1,0 +1,109 @@
+"""The one flow every decision route runs: auth, arrival, body, mapping onto System One, prepare, decide,
+client-gone, error translation, finish.
+
+A route is its wire mapping (`WireMapping`): how its body becomes a System One body plus a plan, how the
+System One answer goes back through the plan, and where an error found in the mapped body points in the
+route's own body. ``/v1/systemone`` maps nothing; ``/v1/decisions`` maps the OpenAI-shaped request. A new
+route (another wire format) adds a mapping and a three-line handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
+from clef_runtime.server.errors import ApiError, ClientGone, from_protocol_error, validation_error
+from clef_runtime.server.handling import (
+    ERROR_RESPONSES,
+    authenticate,
+    client_gone_response,
+    finish,
+    note,
+    read_json_body,
+    runtime_of,
+)
+
+__all__ = ["SYSTEMONE", "Loc", "WireMapping", "answer_decision", "decision_route_doc"]
+
+PlanT = TypeVar("PlanT")
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class WireMapping(Generic[PlanT]):
+    """How one route's wire format maps onto System One."""
+
+    to_systemone: Callable[[Any], tuple[Any, PlanT]]
+    """Validate the decoded JSON body and map it: ``(system_one_body, plan)``. Raises
+    ``RequestValidationError`` with locations in the route's own body."""
+    from_systemone: Callable[[dict[str, Any], PlanT], dict[str, Any]]
+    """Build the route's response body from the engine's System One response and the plan."""
+    error_loc: Callable[[Loc, PlanT], Loc] | None = None
+    """Point an error found in the mapped System One body at the route's own field (None: as it is)."""
+
+
+def _unchanged(data: Any) -> tuple[Any, None]:
+    return data, None
+
+
+def _answer_as_is(answer: dict[str, Any], plan: None) -> dict[str, Any]:
+    return answer
+
+
+SYSTEMONE: WireMapping[None] = WireMapping(to_systemone=_unchanged, from_systemone=_answer_as_is)
+"""``/v1/systemone``: the body is a System One request already."""
+
+
+def decision_route_doc(
+    request_body: dict[str, Any], response_model: type, response_description: str, description: str
+) -> dict[str, Any]:
+    """The OpenAPI keywords of a decision route (``@router.post(path, summary=..., **doc)``): the request
+    body (an ``openapi_extra`` from `clef_runtime.server.openapi_docs`: schema and examples), the 200
+    response, every error and the operation's description."""
+    return {
+        "response_model": None,
+        "responses": {200: {"model": response_model, "description": response_description}, **ERROR_RESPONSES},
+        "description": description,
+        "openapi_extra": request_body,
+    }
+
+
+def _error(exc: RequestValidationError, mapping: WireMapping[PlanT], plan: tuple[PlanT] | None) -> ApiError:
+    if plan is not None and mapping.error_loc is not None and not isinstance(exc, InputTooLongError):
+        # Found in the mapped System One request: point at the route's own field instead.
+        (mapped_plan,) = plan
+        loc = mapping.error_loc
+        return validation_error([{**err, "loc": loc(tuple(err["loc"]), mapped_plan)} for err in exc.errors])
+    return from_protocol_error(exc)
+
+
+async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Response:
+    """Answer one decision request of a route: validate, map, encode (off the event loop), queue for the
+    batcher, map the answer back, add the ``x_`` extras.
+
+    Returns the JSON response (499 when the client went away). Raises `ApiError` (401, 400/413/415 for the
+    body, 422/413 for validation, 429, 503) for the error handlers.
+    """
+    authenticate(request)
+    runtime = runtime_of(request)
+    runtime.require_ready()
+    plan: tuple[PlanT] | None = None  # boxed: a plan may itself be None
+    try:
+        with runtime.arrival() as arrival:
+            data = await read_json_body(request)
+            body, mapped = mapping.to_systemone(data)
+            plan = (mapped,)
+            prepared = await runtime.prepare(body)
+            answer = await runtime.decide(prepared, request, arrival)
+    except ClientGone:
+        return client_gone_response(request)
+    except RequestValidationError as exc:
+        error = _error(exc, mapping, plan)
+        note(request, error_type=error.error_type)
+        raise error from None
+    return finish(request, mapping.from_systemone(answer, plan[0]), prepared, answer)

@@ -1,0 +1,82 @@
+"""The server's engine contract: the real engine and the fake one both have every member of
+`DecisionEngine`, with the contract's parameters; the server uses nothing else of an engine."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import clef_runtime.server as server_package
+from clef_runtime.engine.clef import Clef
+from clef_runtime.engine.contract import DecisionEngine
+from tests.server.fake_engine import FakeClef
+
+METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats"]
+ATTRIBUTES = ["name", "description", "release_date", "untrained", "max_length", "options"]
+
+
+def _parameters(function: Any) -> list[tuple[str, Any, bool]]:
+    """(name, kind, has a default) of every parameter but ``self``."""
+    return [
+        (p.name, p.kind, p.default is not inspect.Parameter.empty)
+        for p in inspect.signature(function).parameters.values()
+        if p.name != "self"
+    ]
+
+
+def test_the_contract_lists_what_the_test_checks() -> None:
+    declared = {name for name in vars(DecisionEngine) if not name.startswith("_")}
+    assert declared == set(METHODS)
+    assert set(DecisionEngine.__annotations__) == set(ATTRIBUTES)
+
+
+@pytest.mark.parametrize("engine_class", [Clef, FakeClef], ids=["Clef", "FakeClef"])
+@pytest.mark.parametrize("method", METHODS)
+def test_methods_match_the_contract(engine_class: type, method: str) -> None:
+    implementation = getattr(engine_class, method, None)
+    assert callable(implementation), f"{engine_class.__name__} has no {method}()"
+    assert _parameters(implementation) == _parameters(getattr(DecisionEngine, method))
+
+
+def test_the_fake_engine_has_every_attribute() -> None:
+    engine = FakeClef()
+    for name in ATTRIBUTES:
+        assert hasattr(engine, name), name
+
+
+def test_the_real_engine_sets_every_attribute() -> None:
+    # Read from Clef.__init__'s source (``self.<name> = ...``), without loading a model.
+    tree = ast.parse(inspect.getsource(Clef.__init__).strip())
+    assigned = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+    assert set(ATTRIBUTES) <= assigned, set(ATTRIBUTES) - assigned
+
+
+def _engine_members_used_by_the_server() -> set[str]:
+    """Attribute names read on any variable called ``engine`` (or ``self._engine``) in server/."""
+    used: set[str] = set()
+    for path in Path(server_package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute):
+                target = node.value
+                if (isinstance(target, ast.Name) and target.id == "engine") or (
+                    isinstance(target, ast.Attribute) and target.attr == "_engine"
+                ):
+                    used.add(node.attr)
+    return used
+
+
+def test_the_server_uses_only_the_contract() -> None:
+    used = _engine_members_used_by_the_server()
+    assert "decide_encoded" in used  # the scan sees the server's calls
+    assert used <= set(METHODS) | set(ATTRIBUTES), used - set(METHODS) - set(ATTRIBUTES)

@@ -1,0 +1,170 @@
+"""The package's import graph, read from the source with ``ast``: no cycles, and every import points down the
+layers protocol -> encoding -> vision -> model -> engine -> server and CLI.
+
+Every import counts: module level, inside functions and under ``TYPE_CHECKING`` (a function-level import is
+still a dependency; it only hides a cycle until the function runs).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "clef_runtime"
+ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
+
+# Rank of each part of the package: an import may only go to the same rank or lower.
+# version, options, release (a checkpoint's file layout) and shards (the one shard reader) are leaves every
+# layer may read; the package root re-exports the engine's Clef. jobs (the durable job store and the runner
+# that feeds the engine's background lane) sits with the engine; scale (Ray Serve replicas and routing, built
+# from the server's runtime) and evaluation (measuring a loaded engine on labelled cases) sit with the server.
+RANKS = {
+    "version": 0,
+    "options": 0,
+    "release": 0,
+    "shards": 0,
+    "protocol": 1,
+    "encoding": 2,
+    "vision": 3,
+    "model": 4,
+    "engine": 5,
+    "jobs": 5,
+    "server": 6,
+    "scale": 6,
+    "evaluation": 6,
+    "cli": 7,
+    "bench": 7,
+    "": 7,
+}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imported_names(module: str, path: Path) -> Iterator[str]:
+    """Every absolute module name ``module`` imports (``from a import b`` yields ``a`` and ``a.b``)."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        graph[module] = {name for name in _imported_names(module, path) if name in MODULES and name != module}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _external(module: str) -> set[str]:
+    """Top-level names of the third-party packages ``module`` imports itself."""
+    return {name.split(".")[0] for name in _imported_names(module, MODULES[module])} - {PACKAGE}
+
+
+def _reachable(start: str) -> set[str]:
+    seen = {start}
+    todo = [start]
+    while todo:
+        for name in GRAPH[todo.pop()]:
+            if name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_the_graph_sees_the_package() -> None:
+    # Guards the parser: a graph without the known edges would make every other test pass vacuously.
+    assert "clef_runtime.engine.clef" in GRAPH
+    assert "clef_runtime.model.backbone" in GRAPH["clef_runtime.engine.clef"]
+    assert "clef_runtime.protocol.systemone" in GRAPH["clef_runtime.server.routes_systemone"]
+    # A function-level import is an edge too.
+    assert "clef_runtime.engine.clef" in GRAPH["clef_runtime.server.runtime"]
+
+
+def test_no_import_cycles() -> None:
+    cycle = _find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    looped = {name: set(edges) for name, edges in GRAPH.items()}
+    looped["clef_runtime.protocol.errors"].add("clef_runtime.engine.clef")
+    cycle = _find_cycle(looped)
+    assert cycle is not None and cycle[0] == cycle[-1]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_the_layers(module: str) -> None:
+    rank = RANKS[_layer(module)]
+    upward = sorted(name for name in GRAPH[module] if RANKS[_layer(name)] > rank)
+    assert not upward, f"{module} (layer {_layer(module) or 'root'}) imports a higher layer: {upward}"
+
+
+def test_the_server_and_the_cli_do_not_import_each_other_backwards() -> None:
+    server = [name for name in MODULES if _layer(name) == "server"]
+    assert not [(m, n) for m in server for n in GRAPH[m] if _layer(n) in ("cli", "bench", "")]
+
+
+def test_the_protocol_never_reaches_torch() -> None:
+    for start in [name for name in MODULES if _layer(name) == "protocol"]:
+        for module in _reachable(start):
+            heavy = _external(module) & {"torch", "transformers", "safetensors", "numpy"}
+            assert not heavy, f"{start} reaches {module}, which imports {sorted(heavy)}"
+
+
+def test_the_engine_never_reaches_http() -> None:
+    for start in [name for name in MODULES if _layer(name) in ("engine", "model", "vision", "encoding")]:
+        for module in _reachable(start):
+            http = _external(module) & {"fastapi", "starlette", "uvicorn", "httpx"}
+            assert not http, f"{start} reaches {module}, which imports {sorted(http)}"
