@@ -61,6 +61,16 @@ _RESULTS_EXAMPLE = (
 )
 
 
+# What every job route may answer besides its 200: auth, a job of another key (or jobs off), a bad query,
+# and the store being unavailable.
+_JOB_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: ERROR_RESPONSES[401],
+    404: {**ERROR_RESPONSES[401], "description": "No such job for this API key, or batch jobs are off"},
+    422: ERROR_RESPONSES[422],
+    503: {**ERROR_RESPONSES[503], "description": "The job store is unavailable; see Retry-After"},
+}
+
+
 def _service(request: Request) -> JobsService:
     service: JobsService | None = getattr(request.app.state, "jobs", None)
     if service is None:
@@ -95,6 +105,7 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         202: json_example("The stored job", {**_JOB_EXAMPLE, "status": "queued"}),
         409: {"description": "Idempotency-Key reused with another body"},
         **ERROR_RESPONSES,
+        404: _JOB_ERRORS[404],
     },
     openapi_extra={
         "parameters": [
@@ -180,7 +191,8 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
         200: json_example(
             "A page of jobs",
             {"object": "list", "data": [_JOB_EXAMPLE], "has_more": False, "last_id": _JOB_EXAMPLE["id"]},
-        )
+        ),
+        **_JOB_ERRORS,
     },
 )
 async def list_jobs(
@@ -211,7 +223,7 @@ async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
     "failed, progress and timestamps. Another API key's job is a 404.",
     responses={
         200: json_example("The job", _JOB_EXAMPLE),
-        404: ERROR_RESPONSES.get(404, {"description": "No such job"}),
+        **_JOB_ERRORS,
     },
 )
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
@@ -228,7 +240,8 @@ async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     "One response, or `{custom_id, line, error}`. Available while the job runs (only finished lines).",
     response_class=StreamingResponse,
     responses={
-        200: {"description": "JSONL", "content": {"application/jsonl": {"example": _RESULTS_EXAMPLE}}}
+        200: {"description": "JSONL", "content": {"application/jsonl": {"example": _RESULTS_EXAMPLE}}},
+        **_JOB_ERRORS,
     },
 )
 async def job_results(request: Request, job_id: str) -> Response:
@@ -263,7 +276,7 @@ async def job_results(request: Request, job_id: str) -> Response:
     summary="Cancel a batch job (its finished lines are kept)",
     description="Stops a queued or running job: lines not answered yet are dropped, finished ones stay "
     "readable. A finished job is returned unchanged.",
-    responses={200: json_example("The job", {**_JOB_EXAMPLE, "status": "cancelled"})},
+    responses={200: json_example("The job", {**_JOB_EXAMPLE, "status": "cancelled"}), **_JOB_ERRORS},
 )
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     """Cancel a queued or running job; a finished job is returned unchanged."""
