@@ -17,7 +17,9 @@ from clef_runtime.server.errors import ApiError, error_body
 from clef_runtime.server.runtime import Prepared, ServerRuntime
 
 __all__ = [
+    "CACHED_TOKENS_HEADER",
     "ERROR_RESPONSES",
+    "STATE_CACHE_HEADER",
     "BodyClientGone",
     "authenticate",
     "client_gone_response",
@@ -136,12 +138,38 @@ def note(request: Request, **fields: Any) -> None:
         setattr(request.state, key, value)
 
 
+STATE_CACHE_HEADER = "X-Clef-State-Cache"
+CACHED_TOKENS_HEADER = "X-Clef-Cached-Tokens"
+
+
+def _state_cache_report(out: dict[str, Any], deterministic: bool) -> dict[str, str]:
+    """The headers of the engine's state-cache report (``x_state_cache``, ``usage.input_tokens_details.
+    cached_tokens``). In deterministic mode the report leaves the body (``x_state_cache`` dropped,
+    ``cached_tokens`` 0): a repeated request is served from the cache, and identical requests must give
+    identical bytes; the headers still carry it."""
+    headers: dict[str, str] = {}
+    status = out.get("x_state_cache")
+    if isinstance(status, str):
+        headers[STATE_CACHE_HEADER] = status
+    usage = out.get("usage")
+    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    if isinstance(details, dict) and "cached_tokens" in details:
+        headers[CACHED_TOKENS_HEADER] = str(details["cached_tokens"])
+    if deterministic:
+        out.pop("x_state_cache", None)
+        if isinstance(details, dict) and "cached_tokens" in details:
+            out["usage"] = {**usage, "input_tokens_details": {**details, "cached_tokens": 0}}  # type: ignore[dict-item]
+    return headers
+
+
 def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONResponse:
     """Add the ``x_`` extras to a response body and return it as JSON.
 
     ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
     left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
-    header carries it there).
+    header carries it there). The engine's state-cache report (``x_state_cache``: hit / partial / miss,
+    and ``usage.input_tokens_details.cached_tokens``) is also sent as the ``X-Clef-State-Cache`` and
+    ``X-Clef-Cached-Tokens`` headers (only there in deterministic mode).
     """
     runtime = runtime_of(request)
     out = dict(body)
@@ -149,6 +177,7 @@ def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONRe
     if not runtime.settings.deterministic:
         started = getattr(request.state, "started_at", time.perf_counter())
         out["x_latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    cache_headers = _state_cache_report(out, runtime.settings.deterministic)
     types = prepared.question_types
     for kind in types:
         runtime.metrics.questions.labels(kind).inc()
@@ -161,7 +190,9 @@ def finish(request: Request, body: dict[str, Any], prepared: Prepared) -> JSONRe
         questions=len(types),
         truncated_state_tokens=prepared.truncated_state_tokens,
     )
-    response = JSONResponse(out)
+    if STATE_CACHE_HEADER in cache_headers:
+        note(request, state_cache=cache_headers[STATE_CACHE_HEADER])
+    response = JSONResponse(out, headers=cache_headers)
     if runtime.settings.log_requests:
         logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))
     return response
