@@ -46,9 +46,17 @@ def clef() -> Clef:
 
 
 def check_response(request: dict[str, Any], response: dict[str, Any], input_tokens: int) -> None:
-    assert set(response) == {"model", "answers", "usage"}
+    assert set(response) == {"model", "answers", "usage", "x_state_cache"}
     assert response["model"] == request.get("model", "tiny")
-    assert response["usage"] == {"input_tokens": input_tokens, "output_tokens": 0}
+    cached = response["usage"]["input_tokens_details"]["cached_tokens"]
+    assert response["usage"] == {
+        "input_tokens": input_tokens,
+        "output_tokens": 0,
+        "input_tokens_details": {"cached_tokens": cached},
+    }
+    # Whether the state came from the cache depends on what ran before; the report is consistent with it.
+    assert (response["x_state_cache"] == "miss") == (cached == 0) or response["x_state_cache"] == "hit"
+    assert 0 <= cached < input_tokens
     assert list(response["answers"]) == list(request["questions"])  # request order
     for qid, answer in response["answers"].items():
         question = request["questions"][qid]
@@ -166,10 +174,16 @@ def run_cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+def answers_only(response: dict[str, Any]) -> dict[str, Any]:
+    """A response without the state-cache report (which depends on what the engine ran before)."""
+    usage = {k: v for k, v in response["usage"].items() if k != "input_tokens_details"}
+    return {**{k: v for k, v in response.items() if k != "x_state_cache"}, "usage": usage}
+
+
 def test_cli_decide_and_jsonl(clef: Clef) -> None:
     done = run_cli("decide", "--model", "tiny", "-", stdin=json.dumps(REQUESTS[1]))
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == clef.decide(REQUESTS[1])
+    assert answers_only(json.loads(done.stdout)) == answers_only(clef.decide(REQUESTS[1]))
     assert "untrained" in done.stderr
 
     lines = [json.dumps(REQUESTS[1]), '{"state": 3, "questions": {}}', json.dumps(REQUESTS[0])]
@@ -177,9 +191,9 @@ def test_cli_decide_and_jsonl(clef: Clef) -> None:
     assert done.returncode == 2
     out = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(out) == 3
-    assert out[0] == clef.decide(REQUESTS[1])
+    assert answers_only(out[0]) == answers_only(clef.decide(REQUESTS[1]))
     assert out[1]["error"]["detail"][0]["loc"] == ["state"]
-    assert out[2] == clef.decide(REQUESTS[0])
+    assert answers_only(out[2]) == answers_only(clef.decide(REQUESTS[0]))
 
 
 @pytest.mark.slow
@@ -363,7 +377,9 @@ def test_image_items_must_carry_their_images(clef: Clef) -> None:
         clef.decide_encoded([(parsed, record)])
     prepared = clef.prepare(body)
     assert isinstance(prepared, PreparedRequest)
-    assert clef.decide_encoded([(parsed, prepared)]) == clef.decide_encoded([prepared])
+    first, again = clef.decide_encoded([(parsed, prepared)]), clef.decide_encoded([prepared])
+    assert answers_only(first[0]) == answers_only(again[0])
+    assert again[0]["x_state_cache"] == "hit"  # the same state: the second came from the cache
 
 
 def test_image_errors_are_validation_errors(clef: Clef) -> None:

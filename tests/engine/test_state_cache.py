@@ -20,7 +20,7 @@ from PIL import Image
 
 from clef_runtime import Clef
 from clef_runtime.engine.clef import PreparedRequest
-from clef_runtime.engine.state_cache import StateCache, image_digest, state_key
+from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache, image_digest, state_key
 
 PREFIX = 36
 
@@ -114,54 +114,173 @@ def test_image_digest_reads_pixels_and_grid() -> None:
     assert image_digest(pixels, (1, 2, 8)) != digest  # same bytes, other grid
 
 
-# --------------------------------------------------------------------------------------------- LRU
+# ---------------------------------------------------------------------------------------- the tree
 
 
-@dataclass
-class Blob:
-    nbytes: int
+@dataclass(frozen=True)
+class Seg:
+    """A stand-in segment: the ids it covers, 10 bytes a token."""
+
+    ids: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    @property
+    def nbytes(self) -> int:
+        return 10 * len(self.ids)
+
+    def slice(self, begin: int, end: int) -> Seg:
+        assert 0 <= begin < end <= len(self.ids)
+        return Seg(self.ids[begin:end])
 
 
-def test_lru_evicts_least_recently_used_by_bytes() -> None:
-    cache = StateCache(100)
-    assert cache.put(b"a", Blob(40)) and cache.put(b"b", Blob(40))
-    assert cache.get(b"a") is not None  # a is now the most recent
-    assert cache.put(b"c", Blob(40))  # evicts b
-    assert b"b" not in cache and b"a" in cache and b"c" in cache
+@dataclass(frozen=True)
+class Pt:
+    """A stand-in point: the ids before it, 5 bytes."""
+
+    before: tuple[int, ...]
+    nbytes: int = 5
+
+
+def store(
+    cache: StateCache, ids: tuple[int, ...], points: list[int], start: int = 0, root: bytes = b""
+) -> int:
+    return cache.insert(
+        root,
+        ids,
+        start=start,
+        segment=Seg(ids[start : max(points)]),
+        points={p: Pt(ids[:p]) for p in points},
+    )
+
+
+def restored(match: Match) -> tuple[int, ...]:
+    """The ids a match's segments cover, checked against its point."""
+    ids = tuple(i for segment in match.segments for i in segment.ids)  # type: ignore[attr-defined]
+    assert len(ids) == match.length
+    if match.point is not None:
+        assert match.point.before == ids  # type: ignore[attr-defined]
+    return ids
+
+
+def absent(match: Match) -> bool:
+    return not match.root and match.length == 0 and not match.segments and match.point is None
+
+
+def test_lookup_resumes_at_the_deepest_point_on_the_path() -> None:
+    cache = StateCache(10_000)
+    ids = tuple(range(100, 140))
+    assert store(cache, ids, [16, 32, 40]) == 3
+    cache.check()
+    assert cache.lookup(TEXT_ROOT, ids).length == 40
+    grown = (*ids[:38], 7, 8, 9, 10)  # diverges inside the last node: resumes at the point before it
+    match = cache.lookup(TEXT_ROOT, grown)
+    assert match.length == 32 and restored(match) == ids[:32]
+    assert cache.lookup(TEXT_ROOT, (1, 2, 3)).length == 0
+    assert cache.lookup(TEXT_ROOT, ids[:20]).length == 16  # a prefix of a cached state
+    assert absent(cache.lookup(b"other root", ids))
+
+
+def test_a_point_inside_a_node_splits_it_and_memory_stays_linear() -> None:
+    cache = StateCache(10_000)
+    ids = tuple(range(200, 260))
+    store(cache, ids, [60])
+    assert cache.stats()["bytes"] == 60 * 10 + 5
+    # A branch diverging at 45, computed from the cached point at... nothing: the run starts at 0 again.
+    other = (*ids[:45], *range(900, 915))
+    assert store(cache, other, [30, 60]) == 2  # the old node is split at 30 (new point) and at 45 (branch)
+    cache.check()
     stats = cache.stats()
-    assert stats["evictions"] == 1 and stats["bytes"] == 80 and stats["entries"] == 2
-    assert not cache.put(b"huge", Blob(101))  # larger than everything: not stored, nothing evicted
-    assert cache.stats()["entries"] == 2
-    assert cache.put(b"a", Blob(10))  # replacing an entry frees its old bytes
-    assert cache.stats()["bytes"] == 50
-    assert cache.get(b"zzz") is None
-    assert cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
-    cache.clear()
-    assert len(cache) == 0 and cache.stats()["bytes"] == 0
+    # Each token's K/V and rows are held once: 60 shared or own ids + 15 new ones, and three points.
+    assert stats["bytes"] == (60 + 15) * 10 + 3 * 5 and stats["points"] == 3
+    assert restored(cache.lookup(TEXT_ROOT, other)) == other
+    assert restored(cache.lookup(TEXT_ROOT, ids)) == ids
+    assert cache.lookup(TEXT_ROOT, (*ids[:50], 1)).length == 30
+
+
+def test_a_growing_state_stores_only_its_new_tokens() -> None:
+    cache = StateCache(100_000)
+    history: tuple[int, ...] = ()
+    resumed = []
+    for step in range(10):
+        history = (*history, *range(1000 + 10 * step, 1010 + 10 * step))
+        match = cache.lookup(TEXT_ROOT, history)
+        resumed.append(match.length)
+        store(cache, history, [len(history)], start=match.length)
+        cache.check()
+    assert resumed == [10 * step for step in range(10)]
+    assert cache.stats()["bytes"] == len(history) * 10 + 10 * 5  # linear, not quadratic
+
+
+def test_eviction_takes_leaves_first_and_keeps_every_point_restorable() -> None:
+    cache = StateCache(1000)
+    base = tuple(range(40))
+    store(cache, base, [20, 40])  # 400 + 2 x 5
+    store(cache, (*base[:20], *range(500, 520)), [40], start=20)  # a branch below the point at 20
+    assert cache.stats()["bytes"] == 615
+    cache.lookup(TEXT_ROOT, base)  # the base path is now the most recent
+    store(cache, tuple(range(3000, 3040)), [40])  # 405 more bytes: the branch leaf (least recent) goes
+    cache.check()
+    stats = cache.stats()
+    assert stats["evictions"] == 1 and stats["bytes"] <= 1000
+    assert cache.lookup(TEXT_ROOT, (*base[:20], *range(500, 520))).length == 20
+    assert cache.lookup(TEXT_ROOT, base).length == 40
+    # Everything else is needed less than a new state that does not fit beside it: interior nodes are
+    # never evicted before the leaves below them.
+    store(cache, tuple(range(5000, 5080)), [80])
+    cache.check()
+    assert cache.lookup(TEXT_ROOT, tuple(range(5000, 5080))).length == 80
+    assert not store(cache, tuple(range(101)), [101])  # larger than the whole budget: nothing stored
+    cache.check()
+
+
+def test_image_roots_are_created_with_their_block_and_evicted_when_unused() -> None:
+    cache = StateCache(2000)
+    root = b"r" * 32
+    block = Seg((248053, 248056, 248056, 248054))
+    ids = tuple(range(10, 30))
+    assert absent(cache.lookup(root, ids))
+    assert store(cache, ids, [20], root=root) == 0  # no root, no root part: nothing
+    cache.insert(root, ids, start=0, segment=Seg(ids), points={20: Pt(ids)}, root_part=(block, Pt(())))
+    cache.check()
+    match = cache.lookup(root, ids)
+    assert match.root and match.length == 20 and match.segments[0] == block
+    only_block = cache.lookup(root, (1, 2))
+    assert only_block.root and only_block.length == 0 and only_block.point == Pt(())
+    store(cache, tuple(range(500, 696)), [196])  # 1965 bytes: the image tree goes, leaf then root
+    cache.check()
+    assert absent(cache.lookup(root, ids))
 
 
 def test_disabled_cache_stores_nothing() -> None:
     cache = StateCache(0)
     assert not cache.enabled
-    assert not cache.put(b"a", Blob(1))
-    assert len(cache) == 0
+    assert store(cache, (1, 2, 3), [3]) == 0
+    assert len(cache) == 0 and cache.lookup(TEXT_ROOT, (1, 2, 3)).length == 0
     with pytest.raises(ValueError):
         StateCache(-1)
 
 
-def test_lru_is_thread_safe() -> None:
-    cache = StateCache(1000)
+def test_tree_is_thread_safe() -> None:
+    cache = StateCache(3000)
     errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         try:
             rng = np.random.default_rng(seed)
-            for _ in range(2000):
-                key = bytes([int(rng.integers(0, 30))])
-                if rng.random() < 0.5:
-                    cache.put(key, Blob(int(rng.integers(1, 200))))
-                else:
-                    cache.get(key)
+            for _ in range(400):
+                ids = tuple(int(i) for i in rng.integers(0, 4, int(rng.integers(2, 30))))
+                match = cache.lookup(TEXT_ROOT, ids)
+                restored(match)
+                if rng.random() < 0.5 and match.length < len(ids):
+                    store(
+                        cache,
+                        ids,
+                        sorted({len(ids), int(rng.integers(match.length + 1, len(ids) + 1))}),
+                        start=match.length,
+                    )
         except BaseException as error:  # pragma: no cover - reported below
             errors.append(error)
 
@@ -171,11 +290,8 @@ def test_lru_is_thread_safe() -> None:
     for thread in threads:
         thread.join()
     assert not errors
-    stats = cache.stats()
-    assert stats["bytes"] <= 1000
-    assert stats["hits"] + stats["misses"] > 0
-    # The byte count is the sum of what is held.
-    assert stats["bytes"] == sum(size for _, size in cache._entries.values())
+    cache.check()
+    assert cache.stats()["bytes"] <= 3000
 
 
 # ---------------------------------------------------------------------------------- engine: hits
@@ -199,8 +315,9 @@ def test_hit_equals_cold_and_runs_only_schema_and_suffix(clef: Clef, cold: Clef)
     assert cold.last_timings.backbone_tokens == second.input_tokens - PREFIX
     assert max_diff(hit, reference) <= 1e-4
     stats = clef.cache_stats()
-    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["partials"] == 0
     assert stats["tokens_saved"] == PREFIX + second.record.state_end
+    assert stats["reused_tokens"] == second.record.state_end - PREFIX
 
 
 @pytest.mark.slow
@@ -214,14 +331,27 @@ def test_hit_rows_equal_one_full_pass(clef: Clef) -> None:
     assert (rows - full).abs().max().item() <= 1e-4
 
 
+def _tree_tensors(clef: Clef) -> list[torch.Tensor]:
+    tensors = []
+    for node in clef.state_cache._lru:
+        parts = [node.segment, node.point]
+        for part in parts:
+            for layer in (getattr(part, "kv", None) or getattr(part, "linear", None) or ()) if part else ():
+                if layer is not None:
+                    tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        if node.segment is not None:
+            tensors.append(node.segment.hidden)
+    return tensors
+
+
 def test_cached_state_is_not_modified_by_its_use(clef: Clef) -> None:
     prepared = clef.prepare(request(STATE, SCHEMA_A))
     clef.decide_encoded([prepared])
-    state = clef.state_cache.get(prepared.state_key)
-    assert state is not None
-    before = [t.clone() for layer in state.layers for t in vars(layer).values()] + [state.hidden.clone()]
+    before = [t.clone() for t in _tree_tensors(clef)]
+    assert before
     clef.decide_encoded([clef.prepare(request(STATE, SCHEMA_B)), clef.prepare(request(STATE, SCHEMA_A))])
-    after = [t for layer in state.layers for t in vars(layer).values()] + [state.hidden]
+    assert clef.last_timings.state_hits == 1
+    after = _tree_tensors(clef)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -277,7 +407,8 @@ def test_eviction_under_a_tiny_budget(base: Clef) -> None:
     for item in prepared:
         small.decide_encoded([item])
     stats = small.cache_stats()
-    assert stats["evictions"] == 2 and stats["entries"] == 1 and stats["bytes"] <= stats["capacity_bytes"]
+    assert stats["evictions"] >= 2 and stats["bytes"] <= stats["capacity_bytes"]
+    small.state_cache.check()
     small.decide_encoded(prepared[:1])  # evicted: cold again
     assert small.last_timings.state_misses == 1
     assert small.last_timings.backbone_tokens == prepared[0].input_tokens - PREFIX
@@ -298,7 +429,8 @@ def test_a_state_shared_inside_a_batch_is_computed_once(base: Clef, cold: Clef, 
     expected_tokens += b.input_tokens - b.record.state_end  # b ran only its schema + suffix
     assert engine.last_timings.backbone_tokens == expected_tokens
     assert engine.cache_stats()["shared"] == 1
-    assert engine.cache_stats()["entries"] == (2 if cache_bytes else 0)
+    assert engine.cache_stats()["points"] >= (2 if cache_bytes else 0)
+    assert engine.cache_stats()["entries"] or not cache_bytes
     singles = [cold.probabilities_encoded([item])[0] for item in (a, other, b)]
     assert max_diff(together, singles) <= 1e-4
 

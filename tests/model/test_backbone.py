@@ -352,6 +352,32 @@ def test_continuing_a_snapshot_is_exactly_the_cold_continuation(tiny_backbone: B
     assert _max_diff(branch.hidden, tiny_backbone.hidden_states(other)[126:]) <= 1e-4
 
 
+def test_points_and_segments_rebuild_the_snapshot_at_every_point(tiny_backbone: Backbone) -> None:
+    ids = _ids(160, seed=23)
+    full = tiny_backbone.hidden_states(ids)
+    prefix = tiny_backbone.initial_state(ids[:36])
+    (cold,) = tiny_backbone.extend(prefix, [Continuation(ids[36:], points=(20, 50, 90), snapshot_at=90)])
+    assert cold.segment is not None and cold.segment.length == 90 and len(cold.points) == 3
+    assert cold.snapshot is not None
+    # The segment and the last point assemble into exactly the whole-state snapshot.
+    whole = prefix.assemble([cold.segment], cold.points[2])
+    assert (whole.length, whole.next_position) == (cold.snapshot.length, cold.snapshot.next_position)
+    assert all(
+        torch.equal(a, b) for a, b in zip(_state_tensors(whole), _state_tensors(cold.snapshot), strict=True)
+    )
+    # Pieces of the segment (as tree nodes hold them) and an inner point resume exactly there.
+    head, middle = cold.segment.slice(0, 20), cold.segment.slice(20, 50)
+    assert head.nbytes + middle.nbytes + cold.segment.slice(50, 90).nbytes == cold.segment.nbytes
+    inner = prefix.assemble([head, middle], cold.points[1])
+    assert inner.length == 86 and _max_diff(inner.hidden, full[:86]) <= 1e-5
+    (resumed,) = tiny_backbone.extend(inner, [Continuation(ids[86:])])
+    assert _max_diff(resumed.hidden, full[86:]) <= 1e-4
+    with pytest.raises(ValueError, match="points"):
+        tiny_backbone.extend(prefix, [Continuation(ids[36:40], points=(3, 2))])
+    with pytest.raises(ValueError):
+        cold.segment.slice(10, 10)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_batch_rows_snapshot_at_their_own_offsets(tiny_backbone: Backbone, chunk: int | None) -> None:

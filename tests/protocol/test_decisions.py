@@ -391,3 +391,16 @@ def test_an_empty_input_is_refused() -> None:
 def test_image_errors_found_by_the_engine_point_at_input() -> None:
     plan, _ = _plan_and_answer()
     assert translate_error_loc(("images", 0), plan) == ("input",)
+
+
+def test_the_state_cache_report_travels_to_the_decisions_response() -> None:
+    plan, answer = _plan_and_answer()
+    answer = {
+        **answer,
+        "usage": {"input_tokens": 321, "output_tokens": 0, "input_tokens_details": {"cached_tokens": 250}},
+        "x_state_cache": "partial",
+    }
+    response = to_decision_response(answer, plan)
+    assert response["usage"]["input_tokens_details"] == {"cached_tokens": 250, "cache_write_tokens": 0}
+    assert response["x_state_cache"] == "partial"
+    DecisionResponse.model_validate(response)

@@ -51,9 +51,9 @@ def fuzz_every_operation(base_url: str, max_examples: int) -> set[str]:
     for result in schema.get_all_operations():
         operation = result.ok()
         paths.add(operation.path)
-        # A GET without parameters has no invalid form: negative generation only for the POST bodies. A JSONL
-        # body (job submission) is bytes on the wire: a "non-string" cannot be sent, so it has no negative form
-        # either (its bad lines are tested in tests/server/test_jobs_api.py).
+        # A GET without parameters has no invalid form: negative generation only for the POST bodies.
+        # A JSONL body (job submission) is bytes on the wire: a "non-string" cannot be sent, so it has no
+        # negative form either (its bad lines are tested in tests/server/test_jobs_api.py).
         has_body = operation.method.upper() == "POST"
         jsonl = "application/jsonl" in str(operation.definition.raw.get("requestBody", {}))
         modes = (

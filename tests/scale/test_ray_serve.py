@@ -121,6 +121,8 @@ def test_one_state_goes_to_one_replica_and_hits_after_the_first(ray_server: RayS
     responses = [decide(ray_server.url, state, f"q{i}") for i in range(4)]
     replicas = {r.headers["x-clef-replica"] for r in responses}
     assert len(replicas) == 1
+    # The replica that computed the state first answers the next questions from its state cache.
+    assert [r.headers["x-clef-state-cache"] for r in responses] == ["miss", "hit", "hit", "hit"]
     # The same state through the OpenAI-shaped route reaches the same replica.
     other = httpx.post(
         ray_server.url + "/v1/decisions",
@@ -128,8 +130,9 @@ def test_one_state_goes_to_one_replica_and_hits_after_the_first(ray_server: RayS
         timeout=120,
     )
     assert other.status_code == 200 and other.headers["x-clef-replica"] in replicas
+    assert other.headers["x-clef-state-cache"] == "hit"
     metrics = httpx.get(ray_server.url + "/metrics", timeout=10).text
-    assert f'clef_replica_requests_total{{replica="{replicas.pop()}"' in metrics
+    assert f'clef_replica_requests_total{{replica="{replicas.pop()}",state_cache="hit"}} 4.0' in metrics
 
 
 def test_distinct_states_spread_over_both_replicas(ray_server: RayServer) -> None:

@@ -156,10 +156,16 @@ class FakeClef:
             seed_text = _render(request.state) + "\x00" + qid + "\x00" + question.model_dump_json()
             rng = random.Random(hashlib.sha256(seed_text.encode()).digest())
             answers[qid] = expected_answer(question, rng)
+        # The engine contract's state-cache report; this engine has no cache: every state is a miss.
         return {
             "model": request.model or self.name,
             "answers": answers,
-            "usage": {"input_tokens": record.input_tokens, "output_tokens": 0},
+            "usage": {
+                "input_tokens": record.input_tokens,
+                "output_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0},
+            },
+            "x_state_cache": "miss",
         }
 
 

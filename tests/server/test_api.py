@@ -16,7 +16,7 @@ import pytest
 import zstandard
 from fastapi.testclient import TestClient
 
-from clef_runtime.protocol.systemone import parse_request
+from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, send_behind_a_held_call
@@ -73,9 +73,18 @@ def test_systemone_answers_with_the_engine_response_plus_x_fields(serve_fake: Ca
     assert response.headers["content-type"] == "application/json"
     body = response.json()
     expected = FakeClef().decide(REQUEST)
-    assert {k: v for k, v in body.items() if not k.startswith("x_")} == expected
-    assert set(body) == {"model", "answers", "usage", "x_truncated_state_tokens", "x_latency_ms"}
+    assert body == {**expected, "x_truncated_state_tokens": 0, "x_latency_ms": body["x_latency_ms"]}
+    assert set(body) == {
+        "model",
+        "answers",
+        "usage",
+        "x_truncated_state_tokens",
+        "x_latency_ms",
+        "x_state_cache",
+    }
     assert body["x_truncated_state_tokens"] == 0
+    assert response.headers["x-clef-state-cache"] == body["x_state_cache"] == "miss"
+    assert response.headers["x-clef-cached-tokens"] == "0"
     assert isinstance(body["x_latency_ms"], float) and body["x_latency_ms"] >= 0
     assert list(body["answers"]) == ["refund", "team", "urgency"]
 
@@ -122,7 +131,15 @@ def test_decisions_route_maps_onto_the_engine(client: TestClient) -> None:
     assert [p["value"] for p in choice["probabilities"]] == ["billing", False]
     assert choice["choice"] in ("billing", False)
     assert out["usage"]["total_tokens"] == out["usage"]["input_tokens"] > 0
-    assert set(out) == {"model", "answers", "usage", "x_truncated_state_tokens", "x_latency_ms"}
+    assert set(out) == {
+        "model",
+        "answers",
+        "usage",
+        "x_truncated_state_tokens",
+        "x_latency_ms",
+        "x_state_cache",
+    }
+    assert response.headers["x-clef-state-cache"] == out["x_state_cache"] == "miss"
     # The same engine answers the mapped System One request identically.
     systemone = {
         "model": "gpt-6-luna",
@@ -766,6 +783,55 @@ def test_deterministic_mode_gives_identical_bytes_and_runs_requests_alone(
     assert all(len(batch) == 1 for batch in served.engine.batches)
 
 
+class CachingEngine(FakeClef):
+    """A fake engine whose state cache serves every state it has seen before."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seen: set[str] = set()
+
+    def _answer(self, request: SystemOneRequest, record: Any) -> dict[str, Any]:
+        answer = super()._answer(request, record)
+        state = json.dumps(request.state, sort_keys=True)
+        if state in self.seen:
+            answer["x_state_cache"] = "hit"
+            answer["usage"]["input_tokens_details"]["cached_tokens"] = max(1, record.input_tokens // 2)
+        self.seen.add(state)
+        return answer
+
+
+@pytest.mark.parametrize("path", ["/v1/systemone", "/v1/decisions"])
+def test_the_state_cache_report_reaches_body_and_headers(
+    serve_fake: Callable[..., Served], path: str
+) -> None:
+    served = serve_fake(CachingEngine())
+    body = (
+        REQUEST
+        if path == "/v1/systemone"
+        else {
+            "input": "Charged twice, refund please.",
+            "questions": [{"type": "predicate", "instructions": "Refund?"}],
+        }
+    )
+    first, second = post(served.client, body, path), post(served.client, body, path)
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.headers["x-clef-state-cache"] == first.json()["x_state_cache"] == "miss"
+    assert second.headers["x-clef-state-cache"] == second.json()["x_state_cache"] == "hit"
+    cached = second.json()["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached > 0 and second.headers["x-clef-cached-tokens"] == str(cached)
+    assert first.json()["usage"]["input_tokens_details"]["cached_tokens"] == 0
+
+
+def test_deterministic_mode_keeps_the_cache_report_in_headers_only(serve_fake: Callable[..., Served]) -> None:
+    served = serve_fake(CachingEngine(), deterministic=True)
+    first, second = post(served.client, REQUEST), post(served.client, REQUEST)
+    assert first.content == second.content  # identical bytes although the second came from the cache
+    assert "x_state_cache" not in second.json()
+    assert second.json()["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    assert (first.headers["x-clef-state-cache"], second.headers["x-clef-state-cache"]) == ("miss", "hit")
+    assert int(second.headers["x-clef-cached-tokens"]) > 0
+
+
 # ------------------------------------------------------------------------------------------------ logs
 
 
@@ -802,11 +868,14 @@ class RecordingEngine(FakeClef):
     def cache_stats(self) -> dict[str, int]:
         return {
             "hits": 3,
+            "partials": 2,
             "misses": 1,
             "entries": 2,
+            "points": 2,
             "bytes": 4096,
             "capacity_bytes": 8192,
             "tokens_saved": 90,
+            "reused_tokens": 70,
         }
 
 
@@ -824,4 +893,6 @@ def test_engine_cache_statistics_are_exported(serve_fake: Callable[..., Served])
     text = serve_fake(RecordingEngine()).client.get("/metrics").text
     assert "clef_cache_hits_total 3.0" in text
     assert "clef_cache_tokens_saved_total 90.0" in text
+    assert "clef_cache_partials_total 2.0" in text and "clef_cache_reused_tokens_total 70.0" in text
+    assert "clef_cache_points 2.0" in text
     assert "# TYPE clef_cache_entries gauge" in text and "clef_cache_bytes 4096.0" in text

@@ -272,7 +272,9 @@ def test_64_concurrent_mixed_requests_equal_their_sequential_answers(tiny_server
     assert [r.status_code for r in concurrent] == [200] * 64
     worst = 0.0
     for alone, together in zip(sequential, (r.json() for r in concurrent), strict=True):
-        assert alone["usage"] == together["usage"]
+        # The second pass finds the states cached: only the cache report (cached_tokens) may differ.
+        assert alone["usage"]["input_tokens"] == together["usage"]["input_tokens"]
+        assert together["x_state_cache"] == "hit"
         assert list(alone["answers"]) == list(together["answers"])
         for qid, answer in alone["answers"].items():
             a, b = _numbers(answer), _numbers(together["answers"][qid])

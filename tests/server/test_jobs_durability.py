@@ -33,8 +33,8 @@ SERVE_LOGGING_FAKE = textwrap.dedent(
         def decide_encoded(self, items):
             answers = super().decide_encoded(items)
             with open(sys.argv[3], "a") as log:
-                for request, _ in items:
-                    log.write(str(request.state) + "\\n")
+                for item in items:
+                    log.write(str(item.request.state) + "\\n")
             return answers
 
     configure_logging("info")

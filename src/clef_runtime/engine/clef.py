@@ -4,15 +4,18 @@ One request: `Clef.prepare` (on any thread, no model lock): take the images out 
 decode + preprocess + digest the images, encode the row token-exactly, compute its state-cache key. Then
 `Clef.decide_encoded` (one batch at a time, under the model lock):
 
-1. group the batch by state key (``input_ids[:state_end]`` + image pixel digests); look every group up in
-   the state cache;
-2. cold groups: one representative each, all run together as one right-padded batch continuing the cached
-   36-token prompt prefix; the vision tower (loaded on first use) embeds their images; each row's backbone
-   state is snapshotted exactly at its own ``state_end`` (the batch is split there) and stored in the cache;
-3. every other request (cache hits, and the rest of a group whose state was just computed) runs only its
-   schema + suffix, batched per state from a copy of that state;
-4. hidden rows = the state's cached rows + the new rows -> lexical rows -> the joint schema head in fp32 ->
-   per-question softmax -> System One responses.
+1. look every distinct state up in the state cache, a prefix tree over the state's ids
+   (`clef_runtime.engine.state_cache`): the longest cached prefix of the state is where the row resumes;
+2. plan the batch (`clef_runtime.engine.planning`, pure): rows with the same state are computed once; rows
+   that resume at the same cached point run together as one right-padded batch, each from there to its
+   end, snapshotted where the plan says (state end, fixed boundaries, before the unstable tail, after the
+   image block; the calls are split there); the vision tower (loaded on first use) embeds the images of
+   rows that start before their image block;
+3. execute: runs first, their snapshots stored in the tree; then the rows whose whole state is cached or
+   was just computed by another row run only their schema + suffix, batched per state;
+4. hidden rows = the start state's rows + the new rows -> lexical rows -> the joint schema head in fp32 ->
+   per-question softmax -> System One responses, each with what the cache did for it (``x_state_cache``,
+   ``usage.input_tokens_details.cached_tokens``).
 
 Nothing of one request is kept on the model for the next: positions are passed explicitly, caches are
 fresh copies, and cached states are never modified.
@@ -38,12 +41,14 @@ from clef_runtime.engine.answers import build_response
 from clef_runtime.engine.images import (
     ImageEmbedder,
     ImageSettings,
+    PreparedImage,
     load_processor_config,
     row_positions,
 )
+from clef_runtime.engine.planning import MAX_SNAPSHOT_ROWS, Plan, PlanRow, RowReport, plan_batch
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
-from clef_runtime.engine.state_cache import StateCache
-from clef_runtime.model.backbone import Backbone, BackboneState, Continuation
+from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache
+from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, StatePoint, StateSegment
 from clef_runtime.model.checkpoint import verify_checkpoint
 from clef_runtime.model.head import HeadLayout, JointSchemaHead, probabilities
 from clef_runtime.model.kernels import flush_denormals
@@ -71,8 +76,13 @@ DEFAULT_CACHE_SHARE = 0.10
 DEFAULT_CACHE_CAP = 4 * 1024**3
 
 
-_MAX_COLD_SNAPSHOTS = 4
-"""Most new states one batched call stores in the state cache (each one splits the batch's calls)."""
+_MAX_SNAPSHOT_ROWS = MAX_SNAPSHOT_ROWS
+"""Most rows of one batched call that store snapshots in the state cache (each one splits the calls)."""
+
+_PREFIX_START = "prompt-prefix"
+"""The planner's start identity of rows that resume at the prompt prefix."""
+
+_MISS = RowReport("miss", 0)
 
 
 def default_cache_bytes(device: torch.device) -> int:
@@ -92,8 +102,8 @@ class DecisionTimings:
 
     ``backbone_tokens``: tokens that went through the backbone (pads excluded); ``cached_tokens``: tokens of
     the batch's rows that came from a cached or shared state instead (the prompt prefix included);
-    ``state_hits`` / ``state_misses``: state groups found in / missing from the cache; ``vision_s``: the
-    vision tower's share of ``backbone_s``.
+    ``state_hits`` / ``state_partials`` / ``state_misses``: distinct states of the batch found whole, found in
+    part (a cached prefix), not found; ``vision_s``: the vision tower's share of ``backbone_s``.
     """
 
     backbone_s: float = 0.0
@@ -105,6 +115,7 @@ class DecisionTimings:
     cached_tokens: int = 0
     state_hits: int = 0
     state_misses: int = 0
+    state_partials: int = 0
 
 
 @dataclass
@@ -122,8 +133,10 @@ class _BatchWork:
     tokens_run: int = 0
     tokens_cached: int = 0
     hits: int = 0
+    partials: int = 0
     misses: int = 0
     vision_s: float = 0.0
+    reports: list[RowReport] = field(default_factory=list)
 
 
 def _layout(record: EncodedRecord) -> HeadLayout:
@@ -150,6 +163,7 @@ class Clef:
         prefill_chunk: int | None = None,
         pad_last_chunk: bool = False,
         cache_bytes: int = 0,
+        snapshot_interval: int = EngineOptions.snapshot_interval,
         image_mode: str = "native",
         image_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         vision_tower: VisionTower | None = None,
@@ -174,10 +188,14 @@ class Clef:
         self._embedder = ImageEmbedder(vision_tower)
         self.preparer = RequestPreparer(self.encoder, self.image_settings)
         self.state_cache = StateCache(cache_bytes)
+        if snapshot_interval < 0:
+            raise ValueError(f"snapshot_interval must be >= 0, got {snapshot_interval}")
+        self.snapshot_interval = snapshot_interval
         self.options = EngineOptions(
             max_length=max_length,
             prefill_chunk=prefill_chunk,
             pad_last_chunk=pad_last_chunk,
+            snapshot_interval=snapshot_interval,
             image_mode=image_mode,
             image_max_tokens=image_max_tokens,
             cache_mb=cache_bytes / (1024 * 1024),
@@ -243,6 +261,7 @@ class Clef:
             prefill_chunk=opts.prefill_chunk,
             pad_last_chunk=opts.pad_last_chunk,
             cache_bytes=cache_bytes,
+            snapshot_interval=opts.snapshot_interval,
             image_mode=opts.image_mode,
             image_max_tokens=opts.image_max_tokens,
         )
@@ -270,10 +289,12 @@ class Clef:
         return self._counters.backbone_tokens
 
     def cache_stats(self) -> dict[str, int]:
-        """State-cache counters: ``hits`` / ``misses`` (state lookups, one per distinct state of a batch),
-        ``shared`` (requests that reused a state already used by another request of their batch),
-        ``stores``, ``evictions``, ``entries``, ``bytes``, ``capacity_bytes``, ``tokens_saved`` (tokens not
-        run thanks to a cached or shared state, the 36-token prompt prefix included)."""
+        """State-cache counters: ``hits`` / ``partials`` / ``misses`` (one per distinct state of a batch:
+        found whole, found in part, not found), ``shared`` (requests that reused a state computed by another
+        request of their batch), ``stores`` (snapshots stored), ``evictions`` (tree nodes), ``entries``
+        (tree nodes), ``points`` (resumable positions), ``bytes``, ``capacity_bytes``, ``tokens_saved``
+        (tokens not run thanks to a cached or shared state, the 36-token prompt prefix included),
+        ``reused_tokens`` (image and state tokens taken from the cache, summed over requests)."""
         return self.state_cache.stats()
 
     def clear_cache(self) -> None:
@@ -323,11 +344,14 @@ class Clef:
         work = [self._as_prepared(item) for item in items]
         if not work:
             return []
-        probs = self._probabilities(work)
+        probs, reports = self._scored(work)
         t0 = time.perf_counter()
-        responses = [
-            build_response(w.request, w.record, p, self.name) for w, p in zip(work, probs, strict=True)
-        ]
+        responses = []
+        for w, p, report in zip(work, probs, reports, strict=True):
+            response = build_response(w.request, w.record, p, self.name)
+            response["usage"]["input_tokens_details"] = {"cached_tokens": report.cached_tokens}
+            response["x_state_cache"] = report.status
+            responses.append(response)
         self.last_timings.answer_s = time.perf_counter() - t0
         return responses
 
@@ -335,7 +359,7 @@ class Clef:
         """Unrounded fp32 probabilities, per item, per question, per option in model order (what
         `decide_encoded` rounds into responses). Same items and errors as `decide_encoded`."""
         work = [self._as_prepared(item) for item in items]
-        return self._probabilities(work) if work else []
+        return self._scored(work)[0] if work else []
 
     def warmup(self) -> None:
         """Run one small request so the first real request does not pay for lazy initialisation."""
@@ -400,9 +424,14 @@ class Clef:
             cached_tokens=batch.tokens_cached,
             state_hits=batch.hits,
             state_misses=batch.misses,
+            state_partials=batch.partials,
         )
 
     def _probabilities(self, work: Sequence[PreparedRequest]) -> list[list[list[float]]]:
+        return self._scored(work)[0]
+
+    def _scored(self, work: Sequence[PreparedRequest]) -> tuple[list[list[list[float]]], list[RowReport]]:
+        """Probabilities of every item, and what the state cache did for each."""
         records = [w.record for w in work]
         with self._model_lock, flush_denormals(), torch.inference_mode():
             t0 = time.perf_counter()
@@ -418,20 +447,22 @@ class Clef:
                 [p.tolist() for p in probabilities(lg, lay)] for lg, lay in zip(logits, layouts, strict=True)
             ]
             self._account(work, batch, backbone_s=t1 - t0, head_s=time.perf_counter() - t1)
-        return probs
+        return probs, batch.reports
 
-    def _image_rows(self, work: Sequence[PreparedRequest], batch: _BatchWork) -> list[list[Tensor]]:
-        """Tower rows of every image of ``work`` (one tower pass for the whole list)."""
-        images = [image for w in work for image in w.images]
+    def _image_rows(
+        self, image_lists: Sequence[Sequence[PreparedImage]], batch: _BatchWork
+    ) -> list[list[Tensor]]:
+        """Tower rows of every image of every list (one tower pass for them all), per list."""
+        images = [image for images in image_lists for image in images]
         if not images:
-            return [[] for _ in work]
+            return [[] for _ in image_lists]
         started = time.perf_counter()
         rows = self._embedder.embed(images)
         batch.vision_s += time.perf_counter() - started
         out, index = [], 0
-        for w in work:
-            out.append(rows[index : index + len(w.images)])
-            index += len(w.images)
+        for own in image_lists:
+            out.append(rows[index : index + len(own)])
+            index += len(own)
         return out
 
     def _starts_at_prefix(self, record: EncodedRecord) -> bool:
@@ -439,107 +470,184 @@ class Clef:
         return record.input_ids[:prefix] == self.encoder.prefix_ids
 
     def _hidden_rows(self, work: Sequence[PreparedRequest]) -> tuple[list[Tensor], _BatchWork]:
-        """Final-norm rows of every item's full row, reusing and filling the state cache (see the module
-        docstring). Runs under the model lock."""
+        """Final-norm rows of every item's full row, resuming from and filling the state cache (see the
+        module docstring): look up, plan, execute. Runs under the model lock."""
         batch = _BatchWork()
+        rows, starts = self._lookup(work)
+        plan = plan_batch(
+            rows,
+            prefix_length=self.prefix_state.length,
+            store=self.state_cache.enabled,
+            snapshot_interval=self.snapshot_interval,
+            max_snapshot_rows=_MAX_SNAPSHOT_ROWS,
+        )
+        hiddens = self._execute(plan, work, starts, batch)
+        batch.hits, batch.partials, batch.misses = plan.hits, plan.partials, plan.misses
+        batch.reports = list(plan.reports)
         cache = self.state_cache
-        prefix = self.prefix_state
-        hiddens: list[Tensor | None] = [None] * len(work)
-        groups: dict[bytes, list[int]] = {}
-        for index, w in enumerate(work):
-            groups.setdefault(w.state_key, []).append(index)
+        if cache.enabled:
+            for status, count in (("hit", plan.hits), ("partial", plan.partials), ("miss", plan.misses)):
+                if count:
+                    cache.record(status, count)
+        if plan.shared:
+            cache.add_shared(plan.shared)
+        reused = sum(report.cached_tokens for report in plan.reports)
+        if batch.tokens_cached or reused:
+            cache.add_saved(batch.tokens_cached, reused)
+        return hiddens, batch
 
-        starts: dict[bytes, BackboneState] = {}
-        cold: list[bytes] = []
-        for key, members in groups.items():
-            record = work[members[0]].record
+    def _lookup(self, work: Sequence[PreparedRequest]) -> tuple[list[PlanRow], dict[Any, BackboneState]]:
+        """The planner's view of every row (where it can resume) and the restored start states by start
+        identity."""
+        prefix = self.prefix_state
+        starts: dict[Any, BackboneState] = {_PREFIX_START: prefix}
+        found: dict[bytes, Match] = {}
+        rows = []
+        for w in work:
+            record = w.record
             if not self._starts_at_prefix(record):  # never for rows from our encoder; kept safe anyway
                 raise ValueError("the record does not start with this model's prompt prefix")
-            if record.state_end == prefix.length:  # an empty state and no image: the prefix is the state
-                starts[key] = prefix
-                continue
-            found = cache.get(key) if cache.enabled else None
-            if found is None:
-                cold.append(key)
-                batch.misses += 1
-            else:
-                starts[key] = found  # type: ignore[assignment]
-                batch.hits += 1
-
-        if cold:
-            # One representative per cold state, all in one batch from the prefix, each snapshotted at its
-            # own state_end (extend() splits the calls there) when the state will be stored or shared.
-            representatives = [work[groups[key][0]] for key in cold]
-            # Every snapshot splits the batched calls at its row's state_end; bound the number of splits so a
-            # batch of many different new states stays a few calls (states shared in the batch always split).
-            keep = [len(groups[key]) > 1 for key in cold]
-            budget = _MAX_COLD_SNAPSHOTS - sum(keep)
-            for i in range(len(cold)):
-                if not keep[i] and cache.enabled and budget > 0:
-                    keep[i] = True
-                    budget -= 1
-            image_rows = self._image_rows(representatives, batch)
-            rows = []
-            for w, images, snapshot in zip(representatives, image_rows, keep, strict=True):
-                positions = row_positions(w.record, w.images)
-                rows.append(
-                    Continuation(
-                        input_ids=w.record.input_ids[prefix.length :],
-                        positions=None if positions is None else positions[:, prefix.length :],
-                        image_rows=[
-                            (first_pad - prefix.length, image)
-                            for (first_pad, _), image in zip(w.record.image_blocks, images, strict=True)
-                        ],
-                        snapshot_at=w.record.state_end - prefix.length if snapshot else None,
-                    )
+            match = found.get(w.state_key)
+            if match is None:
+                match = Match(root=w.root_key == TEXT_ROOT, length=0)
+                if self.state_cache.enabled:
+                    state_ids = record.input_ids[record.state_start : record.state_end]
+                    match = self.state_cache.lookup(w.root_key, state_ids)
+                found[w.state_key] = match
+            resume_at = record.state_start + match.length if match.root else prefix.length
+            start: Any = _PREFIX_START
+            if resume_at > prefix.length:
+                start = match.start
+                if start not in starts:
+                    assert isinstance(match.point, StatePoint)
+                    starts[start] = prefix.assemble(match.segments, match.point)  # type: ignore[arg-type]
+            rows.append(
+                PlanRow(
+                    state_key=w.state_key,
+                    state_start=record.state_start,
+                    state_end=record.state_end,
+                    resume_at=resume_at,
+                    start=start,
+                    tail_at=w.tail_at,
+                    images=bool(record.image_blocks),
                 )
-            results = self.backbone.extend(prefix, rows, prefill_chunk=self.prefill_chunk)
-            for key, result in zip(cold, results, strict=True):
-                index = groups[key][0]
-                hiddens[index] = torch.cat([prefix.hidden, result.hidden])
-                batch.tokens_run += work[index].record.input_tokens - prefix.length
-                batch.tokens_cached += prefix.length
-                if result.snapshot is None:
-                    continue
-                starts[key] = result.snapshot
-                if cache.enabled and not cache.put(key, result.snapshot):
-                    logger.debug("state of %d tokens is larger than the cache budget", result.snapshot.length)
+            )
+        return rows, starts
 
-        for key, members in groups.items():
-            todo = [index for index in members if hiddens[index] is None]
-            if not todo:
-                continue
-            start = starts[key]
-            rows = []
-            for index in todo:
-                record = work[index].record
-                positions = row_positions(record, work[index].images)
-                if positions is not None:
-                    if not bool((positions[:, start.length] == start.next_position).all()):
-                        raise RuntimeError("a cached state's next position does not match the request's row")
-                    positions = positions[:, start.length :]
-                rows.append(Continuation(input_ids=record.input_ids[start.length :], positions=positions))
+    def _execute(
+        self,
+        plan: Plan,
+        work: Sequence[PreparedRequest],
+        starts: dict[Any, BackboneState],
+        batch: _BatchWork,
+    ) -> list[Tensor]:
+        """Run ``plan``: its runs (storing their snapshots), then its finishes. Returns the hidden rows."""
+        hiddens: list[Tensor | None] = [None] * len(work)
+        ends: dict[int, BackboneState] = {}  # state ends computed here, by representative row
+        sources = {finish.source for finish in plan.finishes if finish.source is not None}
+        for run in plan.runs:
+            start = starts[run.start]
+            members = [work[row.row] for row in run.rows]
+            # Images are embedded only for rows that start before their image block.
+            image_rows = self._image_rows(
+                [w.images if run.start_at < w.record.state_start else () for w in members], batch
+            )
+            rows = [
+                self._continuation(
+                    w, start, run.start_at, images, tuple(p - run.start_at for p in row.points)
+                )
+                for w, images, row in zip(members, image_rows, run.rows, strict=True)
+            ]
             results = self.backbone.extend(start, rows, prefill_chunk=self.prefill_chunk)
-            for index, result in zip(todo, results, strict=True):
+            for row, w, result in zip(run.rows, members, results, strict=True):
+                hiddens[row.row] = torch.cat([start.hidden, result.hidden])
+                batch.tokens_run += w.record.input_tokens - run.start_at
+                batch.tokens_cached += run.start_at
+                if not row.points:
+                    continue
+                assert result.segment is not None
+                points = dict(zip(row.points, result.points, strict=True))
+                if row.store:
+                    self._store(w, run.start_at, result.segment, points)
+                if row.row in sources:
+                    ends[row.row] = start.assemble([result.segment], points[w.record.state_end])
+
+        for finish in plan.finishes:
+            start = ends[finish.source] if finish.start is None else starts[finish.start]  # type: ignore[index]
+            members = [work[index] for index in finish.rows]
+            rows = [self._continuation(w, start, finish.at, [], ()) for w in members]
+            results = self.backbone.extend(start, rows, prefill_chunk=self.prefill_chunk)
+            for index, w, result in zip(finish.rows, members, results, strict=True):
                 hiddens[index] = torch.cat([start.hidden, result.hidden])
-                batch.tokens_run += work[index].record.input_tokens - start.length
-                batch.tokens_cached += start.length
-            if start is not prefix:
-                shared = len(todo) - (0 if key in cold else 1)
-                if shared:
-                    cache.add_shared(shared)
-        saved = batch.tokens_cached
-        if saved:
-            cache.add_saved(saved)
+                batch.tokens_run += w.record.input_tokens - finish.at
+                batch.tokens_cached += finish.at
         complete = [h for h in hiddens if h is not None]
         assert len(complete) == len(work)
-        return complete, batch
+        return complete
+
+    def _continuation(
+        self,
+        w: PreparedRequest,
+        start: BackboneState,
+        at: int,
+        images: Sequence[Tensor],
+        points: tuple[int, ...],
+    ) -> Continuation:
+        """Row ``w`` from position ``at`` (where ``start`` ends) to its end; ``images``: tower rows of its
+        images when ``at`` is before its image block; ``points``: snapshot offsets from ``at``."""
+        record = w.record
+        if start.length != at:
+            raise RuntimeError(f"a start state of {start.length} tokens cannot resume a row at {at}")
+        positions = row_positions(record, w.images)
+        if positions is not None:
+            if not bool((positions[:, at] == start.next_position).all()):
+                raise RuntimeError("a cached state's next position does not match the request's row")
+            positions = positions[:, at:]
+        return Continuation(
+            input_ids=record.input_ids[at:],
+            positions=positions,
+            image_rows=[
+                (first_pad - at, image)
+                for (first_pad, _), image in zip(record.image_blocks, images, strict=True)
+            ]
+            if images
+            else [],
+            points=points,
+        )
+
+    def _store(
+        self, w: PreparedRequest, at: int, segment: StateSegment, points: dict[int, StatePoint]
+    ) -> None:
+        """Store what a run from position ``at`` computed for row ``w`` in the prefix tree: its segment
+        and its points (absolute positions), the image block as a new root when the run began before it."""
+        record = w.record
+        state_start, state_end = record.state_start, record.state_end
+        root_part = None
+        if at < state_start:
+            root_point = points.get(state_start)
+            if root_point is None:
+                return  # cannot happen with the planner's points; nothing to hang the state from
+            cut = state_start - at
+            root_part = (segment.slice(0, cut), root_point)
+            if segment.length > cut:
+                segment = segment.slice(cut, segment.length)
+            at = state_start
+        stored = self.state_cache.insert(
+            w.root_key,
+            record.input_ids[state_start:state_end],
+            start=at - state_start,
+            segment=segment,
+            points={p - state_start: point for p, point in points.items() if p > state_start},
+            root_part=root_part,
+        )
+        if not stored and root_part is None:
+            logger.debug("state of %d tokens does not fit the cache budget", state_end)
 
     def _hidden_rows_seed_form(self, work: Sequence[PreparedRequest]) -> tuple[list[Tensor], _BatchWork]:
         """The seed's readout: one row at a time from zero states in ``prefill_chunk``-token calls, the last
         call padded with ``<|endoftext|>``; no state cache."""
-        batch = _BatchWork()
-        image_rows = self._image_rows(work, batch)
+        batch = _BatchWork(reports=[_MISS] * len(work))
+        image_rows = self._image_rows([w.images for w in work], batch)
         hiddens = []
         for w, images in zip(work, image_rows, strict=True):
             embeds = self.backbone.embeddings(

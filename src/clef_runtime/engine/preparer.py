@@ -14,6 +14,8 @@ from typing import Any
 
 from clef_runtime.encoding.encoder import EncodedRecord, Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
+from clef_runtime.encoding.growth import stable_length
+from clef_runtime.encoding.render import render
 from clef_runtime.encoding.tokenizer import ClefTokenizer
 from clef_runtime.engine.images import (
     ImageSettings,
@@ -22,7 +24,7 @@ from clef_runtime.engine.images import (
     load_processor_config,
     prepare_images,
 )
-from clef_runtime.engine.state_cache import state_key
+from clef_runtime.engine.state_cache import root_key, state_key
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
@@ -44,12 +46,21 @@ class PreparedRequest:
     record: EncodedRecord
     images: tuple[PreparedImage, ...] = ()
     state_key: bytes = field(default=b"", repr=False)
+    tail_at: int | None = None
+    """Where the state's unstable tail starts in ``record.input_ids`` (see `clef_runtime.encoding.growth`;
+    None: unknown): the state cache keeps a snapshot there so an extension of the state resumes near its
+    end."""
+    root_key: bytes = field(default=b"", repr=False, init=False)
 
     def __post_init__(self) -> None:
         check_images(self.record, self.images)
+        digests = [i.digest for i in self.images]
         if not self.state_key:
-            key = state_key(self.record.input_ids[: self.record.state_end], (i.digest for i in self.images))
+            key = state_key(self.record.input_ids[: self.record.state_end], digests)
             object.__setattr__(self, "state_key", key)
+        object.__setattr__(
+            self, "root_key", root_key(self.record.input_ids[: self.record.state_start], digests)
+        )
 
     @property
     def input_tokens(self) -> int:
@@ -95,4 +106,18 @@ class RequestPreparer:
         record = self.encoder.encode(
             parsed, image_token_counts=[image.n_tokens for image in images], max_length=max_length
         )
-        return PreparedRequest(request=parsed, record=record, images=images)
+        return PreparedRequest(
+            request=parsed, record=record, images=images, tail_at=self._tail_at(parsed, record)
+        )
+
+    def _tail_at(self, parsed: SystemOneRequest, record: EncodedRecord) -> int | None:
+        """Where the state's unstable tail starts in the row (None when the state was truncated: its kept
+        head is what an extension shares)."""
+        if record.truncated_state_tokens:
+            return None
+        kept = stable_length(
+            render(parsed.state),
+            record.input_ids[record.state_start : record.state_end],
+            self.encoder.tokenizer.encode,
+        )
+        return None if kept is None else record.state_start + kept

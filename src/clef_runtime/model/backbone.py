@@ -51,6 +51,8 @@ __all__ = [
     "BackboneState",
     "Continuation",
     "ContinuationResult",
+    "StatePoint",
+    "StateSegment",
     "UnsupportedCacheError",
     "resolve_device",
     "resolve_dtype",
@@ -84,6 +86,12 @@ def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
     return ids.long()
 
 
+def _next_position(first_position: int, planes: Tensor, count: int) -> int:
+    """The M-RoPE position of the token after the first ``count`` of a row with ``planes`` [3, L]: one past
+    the largest position so far (an image block advances it by max(H, W), not by its token count)."""
+    return max(first_position, int(planes[:, :count].max()) + 1)
+
+
 class UnsupportedCacheError(RuntimeError):
     """The model's cache holds a layer kind that `BackboneState` cannot snapshot or restore (not a plain
     attention layer nor a single-state linear-attention layer)."""
@@ -107,15 +115,25 @@ def _cache_layer_classes() -> tuple[type, type]:
     return DynamicLayer, LinearAttentionLayer
 
 
-def _capture_row(cache: Any, row: int) -> tuple[_AttentionSnapshot | _LinearSnapshot, ...]:
-    """Copies of one batch row of every cache layer, as they are now."""
+def _capture_row(
+    cache: Any, row: int, kv_range: tuple[int, int] | None = None, *, attention: bool = True
+) -> tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]:
+    """Copies of one batch row of every cache layer, as they are now: attention K/V (positions ``kv_range``
+    only when given; None per attention layer when ``attention`` is False) and DeltaNet conv + recurrent
+    states. Raises `UnsupportedCacheError` for a layer of another kind."""
     attention_class, linear_class = _cache_layer_classes()
-    layers: list[_AttentionSnapshot | _LinearSnapshot] = []
+    layers: list[_AttentionSnapshot | _LinearSnapshot | None] = []
+    begin, end = kv_range if kv_range is not None else (0, None)
     for number, layer in enumerate(cache.layers):
         # Exact types: a subclass could hold more state than we copy (refuse rather than copy half).
         if type(layer) is attention_class and layer.is_initialized:
             layers.append(
-                _AttentionSnapshot(layer.keys[row : row + 1].clone(), layer.values[row : row + 1].clone())
+                _AttentionSnapshot(
+                    layer.keys[row : row + 1, :, begin:end].clone(),
+                    layer.values[row : row + 1, :, begin:end].clone(),
+                )
+                if attention
+                else None
             )
         elif (
             type(layer) is linear_class
@@ -130,12 +148,75 @@ def _capture_row(cache: Any, row: int) -> tuple[_AttentionSnapshot | _LinearSnap
                     layer.conv_states[0][row : row + 1].clone(),
                     layer.recurrent_states[0][row : row + 1].clone(),
                 )
+                if kv_range is None
+                else None
             )
         else:
             raise UnsupportedCacheError(
                 f"cache layer {number} ({type(layer).__name__}) cannot be snapshotted in this state"
             )
     return tuple(layers)
+
+
+def _nbytes(tensors: Sequence[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True, eq=False)
+class StateSegment:
+    """The part of a state that grows with its tokens, for a run of ``length`` consecutive tokens: each
+    attention layer's K/V of those positions (None for DeltaNet layers) and their final-norm hidden rows
+    (fp32 CPU [length, hidden]). A prefix tree node owns one; a state is restored by concatenating the
+    segments along its path (`BackboneState.assemble`)."""
+
+    kv: tuple[_AttentionSnapshot | None, ...] = field(repr=False)
+    hidden: Tensor = field(repr=False)
+
+    @property
+    def length(self) -> int:
+        """Tokens covered."""
+        return int(self.hidden.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the segment's tensors."""
+        tensors = [self.hidden]
+        for layer in self.kv:
+            if layer is not None:
+                tensors += [layer.keys, layer.values]
+        return _nbytes(tensors)
+
+    def slice(self, begin: int, end: int) -> StateSegment:
+        """Tokens ``begin .. end - 1`` of the segment, with their own copies (so that dropping the original
+        frees its memory). Raises ValueError unless 0 <= begin < end <= length."""
+        if not 0 <= begin < end <= self.length:
+            raise ValueError(f"cannot slice {begin}..{end} out of a segment of {self.length} tokens")
+        kv = tuple(
+            None
+            if layer is None
+            else _AttentionSnapshot(
+                layer.keys[:, :, begin:end].clone(), layer.values[:, :, begin:end].clone()
+            )
+            for layer in self.kv
+        )
+        return StateSegment(kv=kv, hidden=self.hidden[begin:end].clone())
+
+
+@dataclass(frozen=True, eq=False)
+class StatePoint:
+    """The part of a state that does not grow, at one position: each DeltaNet layer's conv and recurrent
+    states there (None for attention layers) and the M-RoPE position of the next token. A state can be
+    resumed only where a point was taken."""
+
+    linear: tuple[_LinearSnapshot | None, ...] = field(repr=False)
+    next_position: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the point's tensors."""
+        return _nbytes(
+            [t for layer in self.linear if layer is not None for t in (layer.conv, layer.recurrent)]
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,7 +242,42 @@ class BackboneState:
                 tensors += [layer.keys, layer.values]
             else:
                 tensors += [layer.conv, layer.recurrent]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return _nbytes(tensors)
+
+    def assemble(self, segments: Sequence[StateSegment], point: StatePoint) -> BackboneState:
+        """The state after this one continued by ``segments`` (consecutive, in order) and resumed at
+        ``point`` (taken right after the last segment): K/V and hidden rows concatenated (one copy), the
+        DeltaNet states and next position from ``point``. This state is untouched. Raises
+        `UnsupportedCacheError` when the parts do not have this state's layer layout."""
+        kv_parts: list[list[_AttentionSnapshot]] = [[] for _ in self.layers]
+        for segment in segments:
+            if len(segment.kv) != len(self.layers):
+                raise UnsupportedCacheError("a segment does not have the state's layer layout")
+            for number, layer in enumerate(segment.kv):
+                if layer is not None:
+                    kv_parts[number].append(layer)
+        if len(point.linear) != len(self.layers):
+            raise UnsupportedCacheError("a point does not have the state's layer layout")
+        layers: list[_AttentionSnapshot | _LinearSnapshot] = []
+        for number, (own, linear) in enumerate(zip(self.layers, point.linear, strict=True)):
+            if isinstance(own, _AttentionSnapshot) and linear is None:
+                parts = [own, *kv_parts[number]]
+                layers.append(
+                    _AttentionSnapshot(
+                        torch.cat([p.keys for p in parts], dim=2), torch.cat([p.values for p in parts], dim=2)
+                    )
+                )
+            elif isinstance(own, _LinearSnapshot) and linear is not None and not kv_parts[number]:
+                layers.append(linear)
+            else:
+                raise UnsupportedCacheError(f"layer {number}: the parts do not match the state's layout")
+        added = sum(segment.length for segment in segments)
+        return BackboneState(
+            layers=tuple(layers),
+            hidden=torch.cat([self.hidden, *(segment.hidden for segment in segments)]),
+            length=self.length + added,
+            next_position=point.next_position,
+        )
 
     def to_cache(self, config: Any, batch: int) -> Any:
         """A fresh ``DynamicCache`` holding this state ``batch`` times (copies; this state is untouched).
@@ -201,22 +317,29 @@ class Continuation:
     ``positions``: [3, L] M-RoPE planes of these tokens (default: the start's ``next_position`` + arange on
     every plane). ``image_rows``: ``(offset, rows)`` pairs; ``rows`` [n, hidden] replace the token embeddings
     at ``offset .. offset + n - 1`` (the ``<|image_pad|>`` block of an image). ``snapshot_at``: take a
-    `BackboneState` after this many tokens of the row (1..L).
+    `BackboneState` after this many tokens of the row (1..L). ``points``: take a `StatePoint` after each of
+    these many tokens (increasing, 1..L) and return the `StateSegment` of the row's tokens up to the last
+    one: what a prefix tree stores.
     """
 
     input_ids: Sequence[int] | Tensor
     positions: Tensor | None = None
     image_rows: Sequence[tuple[int, Tensor]] = ()
     snapshot_at: int | None = None
+    points: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
 class ContinuationResult:
     """What `Backbone.extend` returns per row: ``hidden`` fp32 CPU [L, hidden] rows of the row's tokens and,
-    when asked for, ``snapshot`` (the state after ``snapshot_at`` tokens, counted from position 0)."""
+    when asked for, ``snapshot`` (the state after ``snapshot_at`` tokens, counted from position 0),
+    ``points`` (one `StatePoint` per asked point, in order) and ``segment`` (K/V and hidden rows of the
+    row's tokens up to its last point)."""
 
     hidden: Tensor
     snapshot: BackboneState | None = None
+    points: tuple[StatePoint, ...] = ()
+    segment: StateSegment | None = None
 
 
 # ------------------------------------------------------------------------------------------ loading steps
@@ -645,11 +768,19 @@ class Backbone:
                 planes[:, number, length:] = own[:, -1:] + torch.arange(1, longest - length + 1)
             if row.snapshot_at is not None and not 1 <= row.snapshot_at <= length:
                 raise ValueError(f"row {number}: snapshot_at {row.snapshot_at} is outside 1..{length}")
+            if row.points and (
+                list(row.points) != sorted(set(row.points))
+                or not 1 <= row.points[0] <= row.points[-1] <= length
+            ):
+                raise ValueError(f"row {number}: points {row.points} are not increasing within 1..{length}")
 
         cuts = {longest} | {row.snapshot_at for row in rows if row.snapshot_at is not None}
+        cuts |= {point for row in rows for point in row.points}
         if prefill_chunk is not None:
             cuts |= set(range(prefill_chunk, longest, prefill_chunk))
-        captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot, ...]] = {}
+        captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
+        linear_at: dict[tuple[int, int], tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
+        segments_kv: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
         with flush_denormals(), torch.inference_mode():
             embeds = self._embed(padded)
             for number, row in enumerate(rows):
@@ -669,7 +800,13 @@ class Backbone:
                 for number, row in enumerate(rows):
                     if row.snapshot_at == end:
                         captured[number] = _capture_row(cache, number)
+                    if end in row.points:
+                        linear_at[number, end] = _capture_row(cache, number, attention=False)
                 begin = end
+            for number, row in enumerate(rows):
+                if row.points:
+                    # Attention K/V never change once written: the segment is read once, after the last call.
+                    segments_kv[number] = _capture_row(cache, number, (offset, offset + row.points[-1]))
             hidden = torch.cat(pieces, dim=1).to(device="cpu", dtype=torch.float32)
 
         results = []
@@ -682,14 +819,29 @@ class Backbone:
                     own_hidden[:cut] if start is None else torch.cat([start.hidden, own_hidden[:cut]])
                 )
                 snapshot = BackboneState(
-                    layers=captured[number],
+                    layers=captured[number],  # type: ignore[arg-type]
                     hidden=state_hidden.clone(),
                     length=offset + cut,
-                    # The next text position follows the largest position so far (M-RoPE: an image block
-                    # advances it by max(H, W), not by its token count).
-                    next_position=max(first_position, int(planes[:, number, :cut].max()) + 1),
+                    next_position=_next_position(first_position, planes[:, number], cut),
                 )
-            results.append(ContinuationResult(hidden=own_hidden, snapshot=snapshot))
+            points = tuple(
+                StatePoint(
+                    linear=linear_at[number, at],  # type: ignore[arg-type]
+                    next_position=_next_position(first_position, planes[:, number], at),
+                )
+                for at in row.points
+            )
+            segment = (
+                StateSegment(
+                    kv=segments_kv[number],  # type: ignore[arg-type]
+                    hidden=own_hidden[: row.points[-1]].clone(),
+                )
+                if row.points
+                else None
+            )
+            results.append(
+                ContinuationResult(hidden=own_hidden, snapshot=snapshot, points=points, segment=segment)
+            )
         return results
 
     def initial_state(self, input_ids: Sequence[int] | Tensor) -> BackboneState:

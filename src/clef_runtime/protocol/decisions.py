@@ -762,17 +762,18 @@ def to_decision_response(systemone: dict[str, Any], plan: DecisionPlan) -> dict[
     usage_in = systemone.get("usage", {})
     input_tokens = int(usage_in.get("input_tokens", 0))
     output_tokens = int(usage_in.get("output_tokens", 0))
-    return {
+    cached_tokens = int(usage_in.get("input_tokens_details", {}).get("cached_tokens", 0))
+    out: dict[str, Any] = {
         "model": systemone.get("model", ""),
         "answers": answers,
         "usage": {
             "input_tokens": input_tokens,
-            "input_tokens_details": {
-                "cached_tokens": int(usage_in.get("cached_tokens", 0)),
-                "cache_write_tokens": 0,
-            },
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
         },
     }
+    if "x_state_cache" in systemone:  # the engine's state-cache report travels with the answer
+        out["x_state_cache"] = systemone["x_state_cache"]
+    return out

@@ -16,7 +16,9 @@ from clef_runtime.server.errors import ApiError, error_body
 from clef_runtime.server.runtime import Prepared, ServerRuntime
 
 __all__ = [
+    "CACHED_TOKENS_HEADER",
     "ERROR_RESPONSES",
+    "STATE_CACHE_HEADER",
     "authenticate",
     "client_gone_response",
     "finish",
@@ -134,6 +136,30 @@ def note(request: Request, **fields: Any) -> None:
         setattr(request.state, key, value)
 
 
+STATE_CACHE_HEADER = "X-Clef-State-Cache"
+CACHED_TOKENS_HEADER = "X-Clef-Cached-Tokens"
+
+
+def _state_cache_report(out: dict[str, Any], deterministic: bool) -> dict[str, str]:
+    """The headers of the engine's state-cache report (``x_state_cache``, ``usage.input_tokens_details.
+    cached_tokens``). In deterministic mode the report leaves the body (``x_state_cache`` dropped,
+    ``cached_tokens`` 0): a repeated request is served from the cache, and identical requests must give
+    identical bytes; the headers still carry it."""
+    headers: dict[str, str] = {}
+    status = out.get("x_state_cache")
+    if isinstance(status, str):
+        headers[STATE_CACHE_HEADER] = status
+    usage = out.get("usage")
+    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    if isinstance(details, dict) and "cached_tokens" in details:
+        headers[CACHED_TOKENS_HEADER] = str(details["cached_tokens"])
+    if deterministic:
+        out.pop("x_state_cache", None)
+        if isinstance(details, dict) and "cached_tokens" in details:
+            out["usage"] = {**usage, "input_tokens_details": {**details, "cached_tokens": 0}}  # type: ignore[dict-item]
+    return headers
+
+
 def finish(
     request: Request, body: dict[str, Any], prepared: Prepared, answer: dict[str, Any] | None = None
 ) -> JSONResponse:
@@ -144,7 +170,10 @@ def finish(
     headers.
     ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
     left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
-    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``.
+    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``. The engine's
+    state-cache report (``x_state_cache``: hit / partial / miss, and ``usage.input_tokens_details.
+    cached_tokens``) is also sent as the ``X-Clef-State-Cache`` and ``X-Clef-Cached-Tokens`` headers (only
+    there in deterministic mode).
     """
     runtime = runtime_of(request)
     out = dict(body)
@@ -154,6 +183,10 @@ def finish(
         out["x_latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
         if runtime.settings.latency_ms:
             out["latency_ms"] = out["x_latency_ms"]
+    cache_headers = _state_cache_report(out, runtime.settings.deterministic)
+    if answer is not None and answer is not body:
+        # A mapped route: the report is in the engine's System One answer, not in the route's body.
+        cache_headers = _state_cache_report(dict(answer), deterministic=False)
     types = prepared.question_types
     for kind in types:
         runtime.metrics.questions.labels(kind).inc()
@@ -169,10 +202,10 @@ def finish(
     source = out if answer is None else answer
     replica = source.get("x_replica") or runtime.replica_id
     out.pop("x_replica", None)
-    headers = {"X-Clef-Replica": str(replica)}
-    state_cache = source.get("x_state_cache")
-    if isinstance(state_cache, str):
-        headers["X-Clef-State-Cache"] = state_cache
+    headers = {"X-Clef-Replica": str(replica), **cache_headers}
+    state_cache = cache_headers.get(STATE_CACHE_HEADER)
+    if state_cache is not None:
+        note(request, state_cache=state_cache)
     runtime.metrics.replica_requests.labels(str(replica), state_cache or "unknown").inc()
     response = JSONResponse(out, headers=headers)
     if runtime.settings.log_requests:

@@ -34,13 +34,14 @@ _TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 6
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-_CACHE_GAUGES = frozenset({"entries", "bytes", "capacity_bytes"})
+_CACHE_GAUGES = frozenset({"entries", "points", "bytes", "capacity_bytes"})
 
 
 class _EngineCacheCollector(Collector):
     """Exports the engine's state-cache statistics when the engine reports them (``cache_stats() -> {name:
-    n}``): sizes (``entries``, ``bytes``, ``capacity_bytes``) as gauges ``clef_cache_<name>``, everything else
-    (hits, misses, shared, stores, evictions, tokens_saved) as counters ``clef_cache_<name>_total``."""
+    n}``): sizes (``entries``, ``points``, ``bytes``, ``capacity_bytes``) as gauges ``clef_cache_<name>``,
+    everything else (hits, partials, misses, shared, stores, evictions, tokens_saved, reused_tokens) as
+    counters ``clef_cache_<name>_total``."""
 
     def __init__(self, source: Callable[[], Mapping[str, float] | None]) -> None:
         self._source = source

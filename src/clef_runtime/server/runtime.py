@@ -201,12 +201,15 @@ class ServerRuntime:
 
     def start_loading(self) -> None:
         """Load and warm the engine on a background thread (the server answers /health meanwhile)."""
-        if self._loader is not None:
-            return
-        self._load_started = time.monotonic()
-        # Daemon: a SIGTERM during a long download must not wait for it.
-        self._loader = threading.Thread(target=self._load, name="clef-loader", daemon=True)
-        self._loader.start()
+        with self._lock:
+            if self._loader is not None:
+                return
+            self._load_started = time.monotonic()
+            # Daemon: a SIGTERM during a long download must not wait for it. Published only once started:
+            # another thread's wait_until_loaded may join it at any moment.
+            loader = threading.Thread(target=self._load, name="clef-loader", daemon=True)
+            loader.start()
+            self._loader = loader
 
     def wait_until_loaded(self, timeout: float | None = None) -> bool:
         """Block until loading has finished (ready or failed). Returns True when ready."""
