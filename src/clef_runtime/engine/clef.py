@@ -256,6 +256,7 @@ class Clef:
             info=info,
             check_memory=opts.check_memory,
             weights=opts.weights,
+            int8_layers=opts.int8_layers,
         )
         tokenizer = ClefTokenizer.load(resolved.path)
         head = JointSchemaHead.from_files(resolved.path, device=backbone.device)

@@ -295,6 +295,7 @@ class Backbone:
         check_memory: bool = True,
         threads: int | None = None,
         weights: str = "auto",
+        int8_layers: str = "late",
         cpu_kernels: bool = True,
     ) -> Backbone:
         """Load the text backbone of the release directory ``path``.
@@ -306,7 +307,9 @@ class Backbone:
         ``threads``: torch's intra-op thread count (default: one per core the process may use).
         ``weights`` (CPU, fp32 compute only): ``"fp32"``, ``"bf16-storage"`` (linear weights kept in bf16,
         each matmul computed in fp32: half the memory) or ``"auto"`` (fp32 when it fits in the available
-        memory with headroom, else bf16 storage). ``cpu_kernels``: use clef-runtime's vectorised Gated
+        memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the
+        decoder Linears of the ``int8_layers`` selection in int8: `clef_runtime.model.quantize`; refused with
+        `OptionsError` off CPU). ``cpu_kernels``: use clef-runtime's vectorised Gated
         DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster).
 
         Returns the Backbone in eval mode. Raises CheckpointError when the directory is invalid or a text
@@ -319,29 +322,30 @@ class Backbone:
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel, Qwen3_5TextRotaryEmbedding
 
         from clef_runtime.model.kernels import configure_cpu_threads, install_cpu_kernels
-        from clef_runtime.model.memory import available_memory, check_fits, estimate_model_memory
-        from clef_runtime.model.weights import apply_bf16_storage, choose_weight_mode
+        from clef_runtime.model.memory import check_fits, estimate_model_memory
+        from clef_runtime.model.quantize import Int8Plan
+        from clef_runtime.model.weights import apply_bf16_storage, plan_weights
 
         resolved_device = resolve_device(device)
         resolved_dtype = resolve_dtype(resolved_device, dtype)
-        if weights not in ("auto", "fp32", "bf16-storage"):
-            raise ValueError(f"weights must be 'auto', 'fp32' or 'bf16-storage', not {weights!r}")
         if resolved_device.type == "cpu":
             configure_cpu_threads(threads)
         elif threads is not None:
             torch.set_num_threads(threads)
         if info is None:
             info = verify_checkpoint(path)
-        # bf16 storage applies to fp32 compute on CPU: the weights are read in bf16 and stay bf16.
-        bf16_storage = False
-        if resolved_device.type == "cpu" and resolved_dtype == torch.float32 and weights != "fp32":
-            text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith(TEXT_PREFIX))
-            bf16_storage = weights == "bf16-storage" or (
-                choose_weight_mode(4 * text_params, available_memory(resolved_device)) == "bf16-storage"
-            )
-        storage_dtype = torch.bfloat16 if bf16_storage else resolved_dtype
+        # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
+        # int8 weights are quantised as they are read (no full-precision copy of their layers).
+        plan = plan_weights(
+            weights, info=info, device=resolved_device, dtype=resolved_dtype, int8_layers=int8_layers
+        )
+        bf16_storage, storage_dtype, int8 = plan.bf16_storage, plan.storage_dtype, Int8Plan(plan.int8_layers)
         if check_memory:
-            check_fits(estimate_model_memory(info, device=resolved_device, dtype=storage_dtype))
+            check_fits(
+                estimate_model_memory(
+                    info, device=resolved_device, dtype=storage_dtype, int8_layers=plan.int8_layers
+                )
+            )
 
         config_path = info.path / "config.json"
         try:
@@ -355,6 +359,7 @@ class Backbone:
 
         with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device("meta"):
             model = Qwen3_5TextModel(text_config)
+        int8.prepare(model)
         expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
         state: dict[str, Tensor] = {}
@@ -377,7 +382,9 @@ class Backbone:
                                     file=shard_path,
                                 )
                             # One tensor at a time: the bf16 read is dropped as soon as it is cast.
-                            state[name] = stored.to(device=resolved_device, dtype=storage_dtype)
+                            state[name] = int8.convert(
+                                name, stored, device=resolved_device, dtype=storage_dtype
+                            )
                             del stored
                         elif key == LM_HEAD_TENSOR or key.startswith(_SKIPPED_PREFIXES):
                             continue
@@ -403,6 +410,7 @@ class Backbone:
             )
         model.load_state_dict(state, strict=True, assign=True)
         del state
+        int8.finish(model)
         # Non-persistent buffers are not in the shards and are still on meta: rebuild the rotary table on the
         # target device, in fp32 (a bf16 inv_freq would round the RoPE angles).
         with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device(resolved_device):
@@ -417,12 +425,13 @@ class Backbone:
             apply_bf16_storage(model)
         kernels = install_cpu_kernels(model) if cpu_kernels and resolved_device.type == "cpu" else 0
         logger.info(
-            "loaded backbone from %s: %d layers, hidden %d, %s compute%s on %s, %d layers with CPU kernels",
+            "loaded backbone from %s: %d layers, hidden %d, %s compute (weights %s) on %s, %d layers with "
+            "CPU kernels",
             info.path,
             text_config.num_hidden_layers,
             text_config.hidden_size,
             resolved_dtype,
-            " (bf16 storage)" if bf16_storage else "",
+            plan.label,
             resolved_device,
             kernels,
         )
@@ -431,7 +440,7 @@ class Backbone:
             path=info.path,
             info=info,
             compute_dtype=resolved_dtype,
-            weight_mode="bf16-storage" if bf16_storage else None,
+            weight_mode=plan.label,
         )
 
     # --------------------------------------------------------------- properties
@@ -464,7 +473,10 @@ class Backbone:
     @property
     def num_parameters(self) -> int:
         """Number of parameters held (text model only: no lm_head, no vision tower)."""
-        return sum(parameter.numel() for parameter in self._model.parameters())
+        from clef_runtime.model.quantize import Int8Linear
+
+        int8 = sum(m.weight.numel() for m in self._model.modules() if isinstance(m, Int8Linear))
+        return int8 + sum(parameter.numel() for parameter in self._model.parameters())
 
     @property
     def path(self) -> Path:
