@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from clef_runtime.server.cli import add_serve_arguments, run_serve
 from clef_runtime.options import EngineOptions
+from clef_runtime.server.cli import add_serve_arguments, run_serve
 from clef_runtime.server.settings import (
     ALL_SERVE_OPTIONS,
     ServerSettings,

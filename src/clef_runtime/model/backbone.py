@@ -297,6 +297,7 @@ class Backbone:
         weights: str = "auto",
         int8_layers: str = "late",
         cpu_kernels: bool = True,
+        fused_kernels: bool = True,
     ) -> Backbone:
         """Load the text backbone of the release directory ``path``.
 
@@ -310,7 +311,9 @@ class Backbone:
         memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the
         decoder Linears of the ``int8_layers`` selection in int8: `clef_runtime.model.quantize`; refused with
         `OptionsError` off CPU). ``cpu_kernels``: use clef-runtime's vectorised Gated
-        DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster).
+        DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster). ``fused_kernels``: off CPU,
+        use the fused DeltaNet kernels of the ``cuda`` extra where installed (`clef_runtime.model.fused`;
+        process-wide).
 
         Returns the Backbone in eval mode. Raises CheckpointError when the directory is invalid or a text
         tensor is missing, unexpected or misshapen; InsufficientMemoryError; ValueError for a bad device or
@@ -330,8 +333,13 @@ class Backbone:
         resolved_dtype = resolve_dtype(resolved_device, dtype)
         if resolved_device.type == "cpu":
             configure_cpu_threads(threads)
-        elif threads is not None:
-            torch.set_num_threads(threads)
+        else:
+            from clef_runtime.model.fused import fused_kernels_status, set_fused_kernels
+
+            set_fused_kernels(fused_kernels)
+            logger.info("fused DeltaNet kernels on %s: %s", resolved_device, fused_kernels_status())
+            if threads is not None:
+                torch.set_num_threads(threads)
         if info is None:
             info = verify_checkpoint(path)
         # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
