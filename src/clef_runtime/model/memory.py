@@ -12,8 +12,8 @@ The estimate itemises what the runtime holds:
 
 For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32); the CPU
 default (fp32 text model + bf16 lexical table + fp32 head) needs ~37 GB and does not fit a 24 GB machine.
-From the headers of the release's layout (``python benchmarks/bench_int8.py --memory``): bf16 storage ~21 GB
-in all, int8 layers 12-31 with bf16 elsewhere ~16 GB, int8 everywhere ~12.5 GB (BENCHMARKS.md).
+From the release's layout (``benchmarks/bench_int8.py --sections memory``, BENCHMARKS.md), in all: fp32
+36.9 GB, bf16 storage 20.3 GB, int8 layers 12-31 + bf16 storage 15.7 GB, int8 everywhere + bf16 13.0 GB.
 """
 
 from __future__ import annotations

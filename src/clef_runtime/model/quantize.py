@@ -15,8 +15,9 @@ release's shapes (BENCHMARKS.md). Per-token activation scales also keep one outl
 scale (torch's ``quantized.linear_dynamic``) cannot.
 
 Which layers: `select_int8_layers`. ``late`` (the default) is every layer from ``floor(3/8 * depth)`` on:
-for the 9B release's 32 layers, 12-31. The public evidence (a Core AI port of Clef-flash measured against
-the author's fp32 run on 401 questions) put int8 drift in layers 0-11: all 248 decoder linears int8 gave
+for the 9B release's 32 layers, 12-31. The public evidence (the Core AI port of Clef-flash,
+CYBRTRK2/coreai-model-zoo ``models/clef-flash/gate-*.json``, against the author's fp32 run on 401
+questions, weight-only int8 in blocks of 32) put int8 drift in layers 0-11: all 248 decoder linears int8 gave
 max |dp| 0.075; layers 12-31 int8 with 0-11 kept in 16 bits gave 0.015 (fp16 alone: 0.011). Random test
 weights cannot show this, so the default follows that measurement. The joint head, the lm_head option rows
 (`LexicalTable`) and the embeddings are never quantised here.
