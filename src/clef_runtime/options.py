@@ -237,6 +237,9 @@ class EngineOptions:
     """Most merged tokens per image in native mode (None: uncapped)."""
     check_memory: bool = True
     """Estimate the memory need from the safetensors headers first and refuse cleanly when it cannot fit."""
+    fused_kernels: bool = True
+    """On CUDA, use the fused Gated DeltaNet kernels of the ``cuda`` extra where installed (False:
+    transformers' reference PyTorch functions, for comparison; process-wide)."""
     confidence: str = "seed"
     """Confidence of choice and score answers: ``seed`` (top probability), ``typesafe``, ``workers-ai``."""
     calibration: str | None = None
@@ -395,6 +398,15 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "(chance-corrected) or workers-ai ((n*sum p^2 - 1)/(n - 1))",
         "MODE",
         choices=CONFIDENCE_MODES,
+    ),
+    Option(
+        "fused_kernels",
+        "--fused-kernels",
+        "CLEF_FUSED_KERNELS",
+        parse_bool,
+        "on CUDA, use the fused Gated DeltaNet kernels (flash-linear-attention, causal-conv1d: the 'cuda' "
+        "extra) where installed; --no-fused-kernels for the reference PyTorch path (default on)",
+        kind="bool",
     ),
     Option(
         "calibration",

@@ -40,7 +40,7 @@ def test_auto_picks_bf16_storage_when_fp32_does_not_fit(monkeypatch: pytest.Monk
     import clef_runtime.model.memory as memory
 
     monkeypatch.setattr(memory, "available_memory", lambda device: 64 * 1024**3)
-    assert Backbone.load(resolve_model("tiny").path).weight_mode == "float32"
+    assert Backbone.load(resolve_model("tiny").path).weight_mode == "fp32"
     # Little memory: fp32 weights do not fit with headroom, bf16 storage is chosen (and still fits).
     monkeypatch.setattr(memory, "available_memory", lambda device: 3 * 1024**3)
     monkeypatch.setattr(memory, "check_fits", lambda estimate, available=None: None)

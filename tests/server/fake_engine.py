@@ -125,7 +125,7 @@ class FakeClef:
         ids = tuple(range(fixed + kept))
         return FakeRecord(ids, tuple(parsed.questions), len(state_words) - kept, PREFIX_TOKENS + kept)
 
-    def warmup(self) -> None:
+    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
         time.sleep(self.warmup_s)
 
     def cache_stats(self) -> dict[str, int]:

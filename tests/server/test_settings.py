@@ -46,6 +46,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "image_max_tokens": (["--image-max-tokens", "256"], "256", 256),
     "weights": (["--weights", "bf16-storage"], "bf16-storage", "bf16-storage"),
     "int8_layers": (["--int8-layers", "1,2"], "1,2", "1,2"),
+    "fused_kernels": (["--no-fused-kernels"], "0", False),
     "snapshot_interval": (["--snapshot-interval", "128"], "128", 128),
     "confidence": (["--confidence", "workers-ai"], "workers-ai", "workers-ai"),
     "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),

@@ -242,6 +242,8 @@ class Clef:
             info=info,
             check_memory=opts.check_memory,
             weights=opts.weights,
+            int8_layers=opts.int8_layers,
+            fused_kernels=opts.fused_kernels,
         )
         tokenizer = ClefTokenizer.load(resolved.path)
         head = JointSchemaHead.from_files(resolved.path, device=backbone.device)
@@ -361,8 +363,25 @@ class Clef:
         work = [self._as_prepared(item) for item in items]
         return self._scored(work)[0] if work else []
 
-    def warmup(self) -> None:
-        """Run one small request so the first real request does not pay for lazy initialisation."""
+    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+        """Run one small request so the first real request does not pay for lazy initialisation; on CUDA
+        also every batch shape the server can form within ``max_batch_tokens`` / ``max_batch_size`` (the
+        server's defaults), so Triton autotuning happens now (see `clef_runtime.engine.warmup`)."""
+        from clef_runtime.engine.warmup import run_backbone_warmup, warmup_shapes
+
+        shapes = warmup_shapes(
+            self.backbone.device.type, max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size
+        )
+        if shapes:
+            started = time.perf_counter()
+            with self._model_lock, torch.inference_mode():
+                tokens = run_backbone_warmup(self.backbone, self.prefix_state, shapes)
+            logger.info(
+                "warm-up: %d batch shapes, %d tokens in %.1f s",
+                len(shapes),
+                tokens,
+                time.perf_counter() - started,
+            )
         self.decide(
             {
                 "state": "warm-up",

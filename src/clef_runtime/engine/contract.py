@@ -73,8 +73,9 @@ class DecisionEngine(Protocol[PreparedT]):
         fails the whole batch (the batcher retries its items one by one)."""
         ...
 
-    def warmup(self) -> None:
-        """Run one small request so the first real one does not pay for lazy initialisation."""
+    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+        """Run one small request so the first real one does not pay for lazy initialisation (an engine that
+        compiles per shape also runs the batch shapes the server can form within these limits)."""
         ...
 
     def cache_stats(self) -> Mapping[str, int]:

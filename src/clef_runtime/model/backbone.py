@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,8 @@ from clef_runtime.model import memory
 from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
 from clef_runtime.model.device import resolve_device, resolve_dtype
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
-from clef_runtime.model.weights import apply_bf16_storage, choose_weight_mode
+from clef_runtime.model.quantize import Int8Plan
+from clef_runtime.model.weights import WeightPlan, apply_bf16_storage, plan_weights
 from clef_runtime.release import CONFIG_FILE, INDEX_FILE, LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 from clef_runtime.shards import ShardError, read_shard, shard_path
 
@@ -344,41 +345,30 @@ class ContinuationResult:
 
 # ------------------------------------------------------------------------------------------ loading steps
 
-#: The values of ``Backbone.load(weights=...)`` (``EngineOptions.weights``).
-WEIGHT_MODES = ("auto", "fp32", "bf16-storage")
-
 
 def _device_and_dtype(
-    device: str | torch.device, dtype: torch.dtype | str | None, threads: int | None
+    device: str | torch.device, dtype: torch.dtype | str | None, threads: int | None, fused_kernels: bool
 ) -> tuple[torch.device, torch.dtype]:
-    """Resolve the device and compute dtype and set torch's thread count for it. Returns both."""
+    """Resolve the device and compute dtype, set torch's thread count for it and, off CPU, choose the
+    DeltaNet kernels (`clef_runtime.model.fused`, process-wide). Returns both."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(resolved_device, dtype)
     if resolved_device.type == "cpu":
         configure_cpu_threads(threads)
-    elif threads is not None:
-        torch.set_num_threads(threads)
+    else:
+        from clef_runtime.model.fused import fused_kernels_status, set_fused_kernels
+
+        set_fused_kernels(fused_kernels)
+        logger.info("fused DeltaNet kernels on %s: %s", resolved_device, fused_kernels_status())
+        if threads is not None:
+            torch.set_num_threads(threads)
     return resolved_device, resolved_dtype
 
 
-def _weight_mode(weights: str, info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> str | None:
-    """How the text weights are stored: ``"bf16-storage"`` or None (in the compute dtype).
-
-    bf16 storage applies to fp32 compute on CPU: asked for, or chosen by ``"auto"`` when fp32 weights do not
-    fit the available memory with headroom.
-    """
-    if device.type != "cpu" or dtype != torch.float32 or weights == "fp32":
-        return None
-    if weights == "bf16-storage":
-        return "bf16-storage"
-    text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith(TEXT_PREFIX))
-    chosen = choose_weight_mode(4 * text_params, memory.available_memory(device))
-    return "bf16-storage" if chosen == "bf16-storage" else None
-
-
-def _apply_weight_mode(model: Any, mode: str | None) -> None:
-    """Put the loaded model's weights in their storage mode (the one place a weight mode changes modules)."""
-    if mode == "bf16-storage":
+def _apply_weight_mode(model: Any, plan: WeightPlan) -> None:
+    """Put the loaded model's weights in their storage mode (the one place bf16 storage changes modules;
+    int8 layers were made as the weights were read, by `Int8Plan`)."""
+    if plan.bf16_storage:
         apply_bf16_storage(model)
 
 
@@ -404,10 +394,10 @@ def _meta_model(info: CheckpointInfo) -> tuple[Any, Any]:
     return model, text_config
 
 
-def _load_text_weights(model: Any, info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> None:
-    """Stream every text tensor from the shards into ``model`` (one tensor at a time: each read is cast to
-    ``dtype`` on ``device`` and dropped). Raises CheckpointError for a tensor that is missing, unexpected,
-    misshapen or unreadable."""
+def _load_text_weights(model: Any, info: CheckpointInfo, convert: Callable[[str, Tensor], Tensor]) -> None:
+    """Stream every text tensor from the shards into ``model`` (one tensor at a time: each read is turned
+    into what the model holds by ``convert(name, tensor)``, a cast or an int8 quantisation, and dropped).
+    Raises CheckpointError for a tensor that is missing, unexpected, misshapen or unreadable."""
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     state: dict[str, Tensor] = {}
     unexpected: list[str] = []
@@ -429,7 +419,7 @@ def _load_text_weights(model: Any, info: CheckpointInfo, device: torch.device, d
                         f"the config implies {list(expected[name])}",
                         file=info.shard_path(shard),
                     )
-                state[name] = stored.to(device=device, dtype=dtype)
+                state[name] = convert(name, stored)
                 del stored
         except ShardError as error:
             raise CheckpointError(str(error), file=error.file) from error
@@ -496,7 +486,9 @@ class Backbone:
         check_memory: bool = True,
         threads: int | None = None,
         weights: str = "auto",
+        int8_layers: str = "late",
         cpu_kernels: bool = True,
+        fused_kernels: bool = True,
     ) -> Backbone:
         """Load the text backbone of the release directory ``path``.
 
@@ -507,39 +499,56 @@ class Backbone:
         ``threads``: torch's intra-op thread count (default: one per core the process may use).
         ``weights`` (CPU, fp32 compute only): ``"fp32"``, ``"bf16-storage"`` (linear weights kept in bf16,
         each matmul computed in fp32: half the memory) or ``"auto"`` (fp32 when it fits in the available
-        memory with headroom, else bf16 storage). ``cpu_kernels``: use clef-runtime's vectorised Gated
-        DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster).
+        memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the
+        decoder Linears of the ``int8_layers`` selection in int8: `clef_runtime.model.quantize`; refused with
+        `OptionsError` off CPU). ``cpu_kernels``: use clef-runtime's vectorised Gated
+        DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster). ``fused_kernels``: off CPU,
+        use the fused DeltaNet kernels of the ``cuda`` extra where installed (`clef_runtime.model.fused`;
+        process-wide).
 
         Returns the Backbone in eval mode. Raises CheckpointError when the directory is invalid or a text
         tensor is missing, unexpected or misshapen; InsufficientMemoryError; ValueError for a bad device or
         dtype.
         """
-        resolved_device, resolved_dtype = _device_and_dtype(device, dtype, threads)
-        if weights not in WEIGHT_MODES:
-            raise ValueError(f"weights must be one of {', '.join(map(repr, WEIGHT_MODES))}, not {weights!r}")
+        resolved_device, resolved_dtype = _device_and_dtype(device, dtype, threads, fused_kernels)
         if info is None:
             info = verify_checkpoint(path)
-        mode = _weight_mode(weights, info, resolved_device, resolved_dtype)
-        storage_dtype = torch.bfloat16 if mode == "bf16-storage" else resolved_dtype
+        # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
+        # int8 weights are quantised as they are read (no full-precision copy of their layers).
+        plan = plan_weights(
+            weights, info=info, device=resolved_device, dtype=resolved_dtype, int8_layers=int8_layers
+        )
         if check_memory:
-            memory.check_fits(memory.estimate_model_memory(info, device=resolved_device, dtype=storage_dtype))
+            memory.check_fits(
+                memory.estimate_model_memory(
+                    info, device=resolved_device, dtype=plan.storage_dtype, int8_layers=plan.int8_layers
+                )
+            )
         model, text_config = _meta_model(info)
-        _load_text_weights(model, info, resolved_device, storage_dtype)
+        int8 = Int8Plan(plan.int8_layers)
+        int8.prepare(model)
+        _load_text_weights(
+            model,
+            info,
+            lambda name, stored: int8.convert(name, stored, device=resolved_device, dtype=plan.storage_dtype),
+        )
+        int8.finish(model)
         _rebuild_buffers(model, text_config, resolved_device, info.path)
         model.requires_grad_(False)
-        _apply_weight_mode(model, mode)
+        _apply_weight_mode(model, plan)
         kernels = install_cpu_kernels(model) if cpu_kernels and resolved_device.type == "cpu" else 0
         logger.info(
-            "loaded backbone from %s: %d layers, hidden %d, %s compute%s on %s, %d layers with CPU kernels",
+            "loaded backbone from %s: %d layers, hidden %d, %s compute (weights %s) on %s, %d layers with "
+            "CPU kernels",
             info.path,
             text_config.num_hidden_layers,
             text_config.hidden_size,
             resolved_dtype,
-            "" if mode is None else f" ({mode})",
+            plan.label,
             resolved_device,
             kernels,
         )
-        return cls(model, path=info.path, info=info, compute_dtype=resolved_dtype, weight_mode=mode)
+        return cls(model, path=info.path, info=info, compute_dtype=resolved_dtype, weight_mode=plan.label)
 
     # --------------------------------------------------------------- properties
 
@@ -571,7 +580,10 @@ class Backbone:
     @property
     def num_parameters(self) -> int:
         """Number of parameters held (text model only: no lm_head, no vision tower)."""
-        return sum(parameter.numel() for parameter in self._model.parameters())
+        from clef_runtime.model.quantize import Int8Linear
+
+        int8 = sum(m.weight.numel() for m in self._model.modules() if isinstance(m, Int8Linear))
+        return int8 + sum(parameter.numel() for parameter in self._model.parameters())
 
     @property
     def path(self) -> Path:

@@ -2,21 +2,24 @@
 
 The estimate itemises what the runtime holds:
 
-- the text backbone (embeddings, layers, final norm) in the compute dtype;
+- the text backbone (embeddings, layers, final norm) in the compute dtype, except the decoder Linear weights
+  of the layers ``--weights int8`` quantises (``int8_layers``): one byte per weight plus a 4-byte scale per
+  output row;
 - the vision tower in the compute dtype, only when asked (``include_vision``);
 - the lexical table (``lm_head.weight``), which `LexicalTable` keeps in its stored dtype (bf16, 2 GB);
 - the JointSchemaHead in fp32;
 - a working-memory allowance (torch runtime, prefill activations, allocator slack).
 
-For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32). On CPU,
-fp32 weights (text model in fp32 + bf16 lexical table + fp32 head) need ~37 GB; the default weight mode
-(``--weights auto``) then keeps the text weights in bf16 storage with fp32 compute (~18 GB of text weights +
-2 GB lexical table + 0.5 GB head), which fits a 24 GB machine.
+For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if every one were fp32); the CPU
+default (fp32 text model + bf16 lexical table + fp32 head) needs ~37 GB and does not fit a 24 GB machine.
+From the release's layout (``benchmarks/bench_int8.py --sections memory``, BENCHMARKS.md), in all: fp32
+36.9 GB, bf16 storage 20.3 GB, int8 layers 12-31 + bf16 storage 15.7 GB, int8 everywhere + bf16 13.0 GB.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +65,7 @@ class MemoryEstimate:
     lexical_bytes: int
     head_bytes: int
     overhead_bytes: int
+    int8_layers: tuple[int, ...] = ()
 
     @property
     def backbone_bytes(self) -> int:
@@ -81,6 +85,10 @@ class MemoryEstimate:
     def describe(self) -> str:
         """A one-line human summary in GB (10^9 bytes)."""
         parts = [f"text {self.text_bytes / _GB:.1f}"]
+        if self.int8_layers:
+            from clef_runtime.model.quantize import describe_layers
+
+            parts[0] += f" (int8 layers {describe_layers(self.int8_layers)})"
         if self.vision_bytes:
             parts.append(f"vision {self.vision_bytes / _GB:.1f}")
         parts += [
@@ -105,19 +113,26 @@ def estimate_model_memory(
     device: str | torch.device,
     dtype: torch.dtype,
     include_vision: bool = False,
+    int8_layers: Collection[int] = (),
 ) -> MemoryEstimate:
     """Estimate the memory the runtime needs for the release ``info`` describes (headers only, no data read).
 
     ``device`` may be "auto" (as in `Backbone.load`). Text (and, with ``include_vision``, vision) tensors are
-    counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32. Returns a
+    counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32; the decoder
+    Linear weights of ``int8_layers`` at one byte per weight plus four per output row. Returns a
     `MemoryEstimate`. Raises ValueError for an unavailable device.
     """
+    from clef_runtime.model.quantize import int8_weight_bytes, is_int8_weight
+
     resolved_device = resolve_device(device)
     element = torch.empty((), dtype=dtype).element_size()
     text = vision = lexical = 0
     for name, tensor in info.tensors.items():
         if name.startswith(TEXT_PREFIX):
-            text += tensor.numel * element
+            if int8_layers and is_int8_weight(name[len(TEXT_PREFIX) :], tensor.shape, int8_layers):
+                text += int8_weight_bytes(tensor.shape)
+            else:
+                text += tensor.numel * element
         elif name.startswith(VISION_PREFIX):
             vision += tensor.numel * element
         elif name == LM_HEAD_TENSOR:
@@ -134,6 +149,7 @@ def estimate_model_memory(
         lexical_bytes=lexical,
         head_bytes=head,
         overhead_bytes=overhead,
+        int8_layers=tuple(sorted(int8_layers)),
     )
 
 
@@ -166,10 +182,16 @@ def check_fits(estimate: MemoryEstimate, available: int | None = None) -> None:
     if estimate.total_bytes <= available:
         return
     needed = f"~{estimate.total_bytes / _GB:.1f} GB in {_dtype_name(estimate.dtype)}"
-    if estimate.device.type == "cpu" and estimate.dtype == torch.float32:
-        advice = "use --weights bf16-storage (half the memory, fp32 compute), --device cuda, or more memory"
+    if estimate.device.type == "cpu" and estimate.dtype == torch.float32 and not estimate.int8_layers:
+        advice = (
+            "use --weights bf16-storage (half the memory, same fp32 compute) or --weights int8 "
+            "(--int8-layers all for the least memory), --device cuda, or a machine with more memory"
+        )
     elif estimate.device.type == "cpu":
-        advice = "use --device cuda or a machine with more memory"
+        advice = (
+            "use --weights int8 (--int8-layers all for the least memory), --device cuda, or a machine "
+            "with more memory"
+        )
     else:
         advice = "use a GPU with more free memory, or --device cpu on a machine with enough RAM"
     raise InsufficientMemoryError(

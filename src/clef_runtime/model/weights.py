@@ -21,21 +21,28 @@ results (activations rounded at every Linear), so it is never chosen automatical
 
 from __future__ import annotations
 
+import logging
 import threading
 import types
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from clef_runtime.model.checkpoint import CheckpointInfo
+
 __all__ = [
     "WeightMode",
+    "WeightPlan",
     "apply_bf16_storage",
     "choose_weight_mode",
     "has_fast_bf16_matmul",
     "parameter_bytes",
+    "plan_weights",
     "set_linear_compute_dtype",
 ]
 
@@ -48,6 +55,8 @@ _FIXED_HEADROOM_BYTES = 3 * (1 << 30)
 _PROPORTIONAL_HEADROOM = 0.10
 
 _STATE_ATTRIBUTE = "_clef_bf16_storage"
+
+logger = logging.getLogger(__name__)
 
 
 def choose_weight_mode(
@@ -79,6 +88,88 @@ def choose_weight_mode(
     if headroom_bytes is None:
         headroom_bytes = _FIXED_HEADROOM_BYTES + int(_PROPORTIONAL_HEADROOM * param_bytes_fp32)
     return "fp32" if param_bytes_fp32 + headroom_bytes <= available_bytes else "bf16-storage"
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """How `Backbone.load` stores the text weights: ``storage_dtype`` for every tensor except the decoder
+    Linear weights of ``int8_layers`` (int8). ``label`` names the mode (logs, ``Backbone.weight_mode``)."""
+
+    storage_dtype: torch.dtype
+    int8_layers: tuple[int, ...] = ()
+    label: str = "fp32"
+
+    @property
+    def bf16_storage(self) -> bool:
+        """True when floating weights are stored in bf16 under fp32 compute (`apply_bf16_storage`)."""
+        return self.storage_dtype == torch.bfloat16 and self.label.endswith("bf16-storage")
+
+
+def plan_weights(
+    weights: str,
+    *,
+    info: CheckpointInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+    int8_layers: str = "late",
+    available_bytes: int | None = None,
+) -> WeightPlan:
+    """Decide how to store the text weights of the release ``info`` for ``--weights weights``.
+
+    Only CPU fp32 compute has choices. ``fp32`` and ``bf16-storage`` are what they say; ``int8`` quantises
+    the decoder Linears of the ``--int8-layers`` selection and stores the rest in fp32 when that fits with
+    headroom (`choose_weight_mode`), else in bf16; ``auto`` keeps exact weights (fp32, else bf16 storage)
+    whenever bf16 storage fits in ``available_bytes`` (default: `available_memory`) and picks int8 (the
+    ``--int8-layers`` selection, bf16 elsewhere) only when it does not, saying so in the log.
+
+    Returns a `WeightPlan`. Raises `OptionsError` for ``int8`` on a non-CPU device or non-fp32 compute and
+    for an ``--int8-layers`` selection the model does not have; ValueError for an unknown mode.
+    """
+    from clef_runtime.model.memory import available_memory, estimate_model_memory
+    from clef_runtime.model.quantize import describe_layers, select_int8_layers
+    from clef_runtime.options import WEIGHT_MODES, OptionsError
+    from clef_runtime.release import TEXT_PREFIX
+
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, not {weights!r}")
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if not cpu_fp32:
+        if weights == "int8":
+            raise OptionsError(
+                f"--weights int8 is a CPU feature (x86 int8 kernels); on {device.type} with "
+                f"{str(dtype).removeprefix('torch.')} compute use --weights auto"
+            )
+        return WeightPlan(dtype, label=str(dtype).removeprefix("torch."))
+    if weights == "fp32":
+        return WeightPlan(torch.float32)
+    if weights == "bf16-storage":
+        return WeightPlan(torch.bfloat16, label="bf16-storage")
+    depth = int(info.text_config["num_hidden_layers"])
+    chosen = select_int8_layers(int8_layers, depth)
+    available = available_memory(device) if available_bytes is None else available_bytes
+
+    def need(storage: torch.dtype, layers: tuple[int, ...] = ()) -> int:
+        return estimate_model_memory(info, device=device, dtype=storage, int8_layers=layers).total_bytes
+
+    if weights == "int8":
+        # The other tensors in fp32 when that fits (the estimate includes working memory), else bf16.
+        rest_fp32 = need(torch.float32, chosen) <= available
+        label = f"int8 layers {describe_layers(chosen)}, " + ("fp32" if rest_fp32 else "bf16-storage")
+        return WeightPlan(torch.float32 if rest_fp32 else torch.bfloat16, chosen, label)
+    text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith(TEXT_PREFIX))
+    if choose_weight_mode(4 * text_params, available) == "fp32":
+        return WeightPlan(torch.float32)
+    if need(torch.bfloat16) <= available:
+        return WeightPlan(torch.bfloat16, label="bf16-storage")
+    label = f"int8 layers {describe_layers(chosen)}, bf16-storage"
+    logger.warning(
+        "--weights auto: bf16 storage needs %.1f GB but %.1f GB is available: using int8 for layers %s "
+        "(changes the numbers slightly; --weights bf16-storage to refuse instead)",
+        need(torch.bfloat16) / 1e9,
+        available / 1e9,
+        describe_layers(chosen),
+    )
+    return WeightPlan(torch.bfloat16, chosen, label)
 
 
 def parameter_bytes(model: nn.Module) -> int:

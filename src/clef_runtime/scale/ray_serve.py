@@ -65,7 +65,7 @@ class IngressEngine:
         """Not used: requests go to the replicas through the dispatcher."""
         raise RuntimeError("the ingress has no model; requests are dispatched to replicas")
 
-    def warmup(self) -> None:
+    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
         """The replicas warm up themselves before they are ready."""
 
     def replica_status(self) -> dict[str, int]:
@@ -168,7 +168,7 @@ class ClefModel:
         configure_cpu_threads(threads)
         self.settings = settings
         self.engine = load_clef(settings)
-        self.engine.warmup()
+        self.engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
         self.batcher: DynamicBatcher[Any, dict[str, Any]] = DynamicBatcher(
             self.engine.decide_encoded,
             max_queue=settings.max_queue,

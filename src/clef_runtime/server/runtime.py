@@ -223,7 +223,7 @@ class ServerRuntime:
         try:
             engine = self._factory(settings)
             logger.info("warming up %r", engine.name)
-            engine.warmup()
+            engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
         except BaseException as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             with self._lock:

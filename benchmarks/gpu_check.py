@@ -1,0 +1,253 @@
+"""One prepared check for a machine with one NVIDIA GPU (under 8 minutes): is the CUDA path right and fast?
+
+For the tiny and the medium benchmark model (``--quick``: tiny only, fewer requests):
+
+- parity: ``--requests`` generated requests on the device (bf16 backbone, fp32 head: the CUDA defaults)
+  against CPU fp32: max and mean |dp| over every option probability, top-1 agreement;
+- the startup warm-up's time (every batch shape the server can form: Triton autotuning happens there)
+  and the first request after it;
+- throughput at ~512-token requests: concurrency 1 (one request at a time) and 16 (one batched
+  ``decide_encoded`` of 16, as the server's batcher calls it), tokens/s, state cache off;
+- peak device memory (``torch.cuda.max_memory_allocated``);
+- all of the above with the fused DeltaNet kernels on and off (``--no-fused-kernels``; on only means
+  something where the ``cuda`` extra is installed: the report says which packages were found).
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. ``--device cpu --quick`` runs the same
+plumbing on CPU in seconds (the test suite does that); numbers from it mean nothing for a GPU.
+
+    pip install -e '.[cuda]'          # on the GPU machine, optional: the fused kernels
+    python benchmarks/gpu_check.py --out gpu-results
+    python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+from bench_int8 import generated_requests, medium_checkpoint
+
+STATE_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def request_of_tokens(clef: Any, tokens: int, tag: int) -> dict[str, Any]:
+    """A one-question request whose encoding is ``tokens`` long (give or take a few), found by growing the
+    state word by word from an estimate."""
+    rng = random.Random(tag)
+    question = {"q": {"type": "choice", "criteria": {"yes": "it is", "no": "it is not", "maybe": None}}}
+    words = [rng.choice(STATE_WORDS) for _ in range(tokens)]
+    base = clef.encode({"state": "a", "questions": question}).input_tokens
+    count = max(1, tokens - base)
+    return {"state": " ".join(words[:count]), "questions": question}
+
+
+def probabilities(clef: Any, requests: list[dict[str, Any]]) -> list[list[list[float]]]:
+    out = []
+    for request in requests:
+        out += clef.probabilities_encoded([clef.prepare(request)])
+    return out
+
+
+def compare(reference: list[list[list[float]]], other: list[list[list[float]]]) -> dict[str, Any]:
+    diffs, agree, questions = [], 0, 0
+    for ref_request, other_request in zip(reference, other, strict=True):
+        for ref, got in zip(ref_request, other_request, strict=True):
+            diffs += [abs(a - b) for a, b in zip(ref, got, strict=True)]
+            agree += ref.index(max(ref)) == got.index(max(got))
+            questions += 1
+    return {
+        "max_abs_dp": round(max(diffs), 5),
+        "mean_abs_dp": round(statistics.fmean(diffs), 6),
+        "top1_agreement": f"{agree}/{questions}",
+    }
+
+
+def throughput(clef: Any, device: str, tokens: int, concurrency: int, rounds: int) -> dict[str, Any]:
+    """Tokens/s at ``concurrency`` requests of ~``tokens`` tokens (batched into one call when > 1)."""
+    items = [clef.prepare(request_of_tokens(clef, tokens, tag)) for tag in range(concurrency)]
+    real = sum(item.record.input_tokens for item in items)
+    best = float("inf")
+    for _ in range(rounds):
+        sync(device)
+        started = time.perf_counter()
+        clef.decide_encoded(items)  # concurrency 1: one request; more: one batch, as the server's batcher
+        sync(device)
+        best = min(best, time.perf_counter() - started)
+    return {
+        "concurrency": concurrency,
+        "tokens": real,
+        "best_s": round(best, 4),
+        "tokens_per_s": round(real / best, 1),
+        "requests_per_s": round(concurrency / best, 2),
+    }
+
+
+def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    from clef_runtime.engine.clef import Clef
+
+    spec = str(medium_checkpoint()) if name == "medium" else name
+    reference_clef = Clef.load(spec, device="cpu", weights="fp32", cache_mb=0)
+    started = time.perf_counter()
+    reference = probabilities(reference_clef, requests)
+    result: dict[str, Any] = {"cpu_fp32_s": round(time.perf_counter() - started, 2)}
+    del reference_clef
+    gc.collect()
+    for fused in (True, False):
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        clef = Clef.load(spec, device=args.device, cache_mb=0, fused_kernels=fused)
+        started = time.perf_counter()
+        clef.warmup(max_batch_tokens=args.max_batch_tokens, max_batch_size=16)
+        sync(args.device)
+        warmup_s = time.perf_counter() - started
+        started = time.perf_counter()
+        clef.decide(requests[0])
+        sync(args.device)
+        first_s = time.perf_counter() - started
+        got = probabilities(clef, requests)
+        run: dict[str, Any] = {
+            "backbone_dtype": str(clef.backbone.dtype).removeprefix("torch."),
+            "weights": clef.backbone.weight_mode,
+            "warmup_s": round(warmup_s, 2),
+            "first_request_after_warmup_s": round(first_s, 3),
+            "parity_vs_cpu_fp32": compare(reference, got),
+            "throughput": [
+                throughput(clef, args.device, args.tokens, concurrency, args.rounds)
+                for concurrency in args.concurrency
+            ],
+        }
+        if args.device.startswith("cuda"):
+            run["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        result["fused_on" if fused else "fused_off"] = run
+        print(json.dumps({name: {("fused_on" if fused else "fused_off"): run}}), file=sys.stderr, flush=True)
+        del clef
+        gc.collect()
+    from clef_runtime.model.fused import set_fused_kernels
+
+    set_fused_kernels(True)
+    return result
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    low, high = report["args"]["concurrency"][0], report["args"]["concurrency"][-1]
+    machine = report["machine"]
+    lines = [
+        f"# gpu_check on {machine['device_name']}",
+        "",
+        f"torch {machine['torch']}, CUDA {machine['cuda']}, fused packages {machine['fused']['packages']}, "
+        f"{report['wall_s']} s in all. Throughput: requests of ~{report['args']['tokens']} tokens.",
+        "",
+        "| model | fused | max abs dp | mean abs dp | top-1 | warm-up s | first s "
+        f"| tok/s c={low} | tok/s c={high} | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, result in report["models"].items():
+        for key in ("fused_on", "fused_off"):
+            run = result[key]
+            parity = run["parity_vs_cpu_fp32"]
+            rates = {t["concurrency"]: t["tokens_per_s"] for t in run["throughput"]}
+            cells = [
+                model,
+                key.removeprefix("fused_"),
+                parity["max_abs_dp"],
+                parity["mean_abs_dp"],
+                parity["top1_agreement"],
+                run["warmup_s"],
+                run["first_request_after_warmup_s"],
+                rates[low],
+                rates[high],
+                run.get("peak_memory_gib", "-"),
+            ]
+            lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for gpu_check.json and .md")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny only, few requests (plumbing check)")
+    parser.add_argument("--requests", type=int, default=None, help="parity requests (default 64; quick 4)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per throughput request (512)")
+    parser.add_argument("--rounds", type=int, default=None, help="throughput repetitions (3; quick 1)")
+    args = parser.parse_args()
+    args.requests = args.requests or (4 if args.quick else 64)
+    args.tokens = args.tokens or (128 if args.quick else 512)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.concurrency = [1, 4] if args.quick else [1, 16]
+    args.max_batch_tokens = 1024 if args.quick else 16384
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available (use --device cpu for a plumbing run)")
+
+    from clef_runtime.model.fused import fused_kernels_status
+    from clef_runtime.model.kernels import configure_cpu_threads
+
+    configure_cpu_threads()
+    started = time.perf_counter()
+    cuda = args.device.startswith("cuda")
+    report: dict[str, Any] = {
+        "benchmark": "gpu_check",
+        "machine": {
+            "device_name": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'})",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cpu_cores": os.cpu_count(),
+            "fused": fused_kernels_status(),
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "models": {},
+    }
+    requests = generated_requests(args.requests, seed=7)
+    for name in ("tiny",) if args.quick else ("tiny", "medium"):
+        report["models"][name] = check_model(name, args, requests)
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "gpu_check.md").write_text(render_markdown(report))
+    print(render_markdown(report))
+
+
+if __name__ == "__main__":
+    main()
