@@ -148,9 +148,7 @@ def _server_fields(response: httpx.Response) -> dict[str, Any]:
 def warm_path_in_process(model: Path, rng: random.Random, state_words: int, reps: int) -> dict[str, Any]:
     """The same cold / warm sequence with ``Clef.decide`` in this process (ms)."""
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.kernels import configure_cpu_threads
 
-    configure_cpu_threads()
     clef = Clef.load(str(model))
     clef.warmup()
     cold, warm = [], []
@@ -185,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--skip-uncapped", action="store_true")
     args = parser.parse_args(argv)
+    # Before torch's first parallel operation (as the CLI does): flush-to-zero must reach the OpenMP workers,
+    # or the in-process side computes the DeltaNet decays with denormals.
+    from clef_runtime.model.kernels import configure_cpu_threads
+
+    configure_cpu_threads()
 
     load_before = os.getloadavg()
     started = time.time()

@@ -32,11 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.backbone import Continuation
+    # Before anything else touches torch (as the CLI does): flush-to-zero must reach the OpenMP workers.
     from clef_runtime.model.kernels import configure_cpu_threads
 
     configure_cpu_threads(1)
+    from clef_runtime.engine.clef import Clef
+    from clef_runtime.model.backbone import Continuation
+
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model_dir or Path(tmp) / "medium"
         if not (model / "config.json").exists():
