@@ -27,6 +27,7 @@ def _body(index: int, words: int) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_split_batch_answers_equal_one_by_one(clef: Clef) -> None:
     items = [clef.prepare(_body(index, words)) for index, words in enumerate((60, 45, 80, 52, 70, 66))]
     longest = max(item.record.input_tokens for item in items)
