@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -55,6 +55,7 @@ __all__ = [
     "StatePoint",
     "StateSegment",
     "UnsupportedCacheError",
+    "call_width",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -67,9 +68,33 @@ logger = logging.getLogger(__name__)
 #: torch's default dtype at bf16, silently changing later fp32 code).
 TRANSFORMERS_CONSTRUCTION_LOCK = threading.RLock()
 
+#: Default cap on rows x tokens of one batched model call in `Backbone.extend` (see `call_width`). Measured on
+#: the medium benchmark models (one thread, CPU time per token and row): 16 rows x 1,152 tokens in one call
+#: cost 1.34x a row alone, because every per-layer activation and Gated DeltaNet intermediate of 18k tokens
+#: leaves the CPU caches; the same batch in 256-token calls (4,096 tokens each) cost 0.90x a row alone.
+DEFAULT_MAX_CALL_TOKENS = 4096
+
+#: Call widths are multiples of the Gated DeltaNet chunk (64 tokens): a call of another length pads its last
+#: chunk inside the kernel.
+_CALL_WIDTH_QUANTUM = 64
+
 # Tensors in the shards that the text backbone deliberately does not load: lm_head is read row-wise by the
 # lexical table, the vision tower only when images are used, MTP weights (absent in Clef-flash) never.
 _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
+
+
+def call_width(rows: int, max_call_tokens: int | None) -> int | None:
+    """Tokens per model call for a batch of ``rows`` rows under a ``max_call_tokens`` budget of rows x tokens:
+    the largest multiple of 64 that keeps ``rows * width`` within the budget, at least 64 (``None``: no
+    budget, one call). Raises ValueError for a budget below 1 or fewer than one row."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    if max_call_tokens is None:
+        return None
+    if max_call_tokens < 1:
+        raise ValueError(f"max_call_tokens must be >= 1, got {max_call_tokens}")
+    width = max_call_tokens // rows // _CALL_WIDTH_QUANTUM * _CALL_WIDTH_QUANTUM
+    return max(_CALL_WIDTH_QUANTUM, width)
 
 
 def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
@@ -472,6 +497,11 @@ class Backbone:
         self._pad_id = ENDOFTEXT_ID
         self._compute_dtype = compute_dtype or model.embed_tokens.weight.dtype
         self.weight_mode = weight_mode or str(self._compute_dtype).removeprefix("torch.")
+        #: `extend`'s default cap on rows x tokens per model call (None: every batch in as few calls as its
+        #: cuts allow).
+        self.max_call_tokens: int | None = DEFAULT_MAX_CALL_TOKENS
+        #: Model calls made by `extend` since load (tests count them to see a batch being split).
+        self.calls = 0
 
     # ------------------------------------------------------------------ loading
 
@@ -738,14 +768,18 @@ class Backbone:
         rows: Sequence[Continuation],
         *,
         prefill_chunk: int | None = None,
+        max_call_tokens: int | Literal["default"] | None = "default",
     ) -> list[ContinuationResult]:
         """Run ``rows`` as one right-padded batch that continues ``start`` (``None``: from nothing).
 
         Every row continues its own copy of ``start``. Rows are padded with ``<|endoftext|>`` at the end
         (causal mixers: pads cannot change real rows; their planes continue the row's last position). The
-        batch runs in calls split at every multiple of ``prefill_chunk`` (``None``: no chunking) and at every
-        row's ``snapshot_at``, so each snapshot is the exact state after its row's own prefix, whatever the
-        other rows are doing.
+        batch runs in calls split at every multiple of ``prefill_chunk`` (``None``: no chunking), at every
+        multiple of `call_width` (``rows x tokens`` of one call within ``max_call_tokens``; ``"default"``:
+        the backbone's ``max_call_tokens``, ``None``: no cap), and at every row's ``snapshot_at``, so each
+        snapshot is the exact state after its row's own prefix, whatever the other rows are doing. The
+        cap keeps a call's working set in the CPU caches: a wide batch of long rows in one call is slower
+        per token than the same rows one by one, in calls of a few thousand tokens it is faster.
 
         Returns one `ContinuationResult` per row, in order. Raises ValueError for an empty batch, an empty
         row, planes or image rows that do not fit the row, a ``snapshot_at`` outside 1..L, or a
@@ -790,6 +824,9 @@ class Backbone:
         cuts |= {point for row in rows for point in row.points}
         if prefill_chunk is not None:
             cuts |= set(range(prefill_chunk, longest, prefill_chunk))
+        width = call_width(batch, self.max_call_tokens if max_call_tokens == "default" else max_call_tokens)
+        if width is not None:
+            cuts |= set(range(width, longest, width))
         captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
         linear_at: dict[tuple[int, int], tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
         segments_kv: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
@@ -809,6 +846,7 @@ class Backbone:
                 pieces.append(
                     self._forward(embeds[:, begin:end], planes[:, :, begin:end], offset + begin, cache)
                 )
+                self.calls += 1
                 for number, row in enumerate(rows):
                     if row.snapshot_at == end:
                         captured[number] = _capture_row(cache, number)
