@@ -35,6 +35,7 @@ from clef_runtime.encoding.encoder import DEFAULT_MAX_LENGTH, EncodedRecord, Enc
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer
 from clef_runtime.engine.answers import build_response
+from clef_runtime.engine.calibration import Calibration
 from clef_runtime.engine.images import (
     ImageEmbedder,
     ImageSettings,
@@ -186,6 +187,7 @@ class Clef:
         image_mode: str = "native",
         image_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         vision_tower: VisionTower | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         self.resolved = resolved
         self.tokenizer = tokenizer
@@ -206,6 +208,8 @@ class Clef:
         self.vision_tower = vision_tower
         self._embedder = ImageEmbedder(vision_tower)
         self.state_cache = StateCache(cache_bytes)
+        self.calibration = calibration
+        """Temperatures applied to every question's probabilities before its answer is built (None: off)."""
         self.options = EngineOptions(
             max_length=max_length,
             prefill_chunk=prefill_chunk,
@@ -246,6 +250,7 @@ class Clef:
         started = time.perf_counter()
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
+        calibration = Calibration.load(opts.calibration) if opts.calibration else None
         resolved = resolve_model(model)
         if resolved.is_tiny:
             logger.warning("model %r is UNTRAINED (random weights): its answers are meaningless", model)
@@ -277,6 +282,7 @@ class Clef:
             cache_bytes=cache_bytes,
             image_mode=opts.image_mode,
             image_max_tokens=opts.image_max_tokens,
+            calibration=calibration,
         )
         clef.options = opts
         logger.info(
@@ -363,17 +369,22 @@ class Clef:
             return []
         probs = self._probabilities(work)
         t0 = time.perf_counter()
+        probs = self._calibrated(work, probs)
         responses = [
             build_response(w.request, w.record, p, self.name) for w, p in zip(work, probs, strict=True)
         ]
+        if self.calibration is not None:
+            for response in responses:
+                response["x_calibration"] = self.calibration.label
         self.last_timings.answer_s = time.perf_counter() - t0
         return responses
 
     def probabilities_encoded(self, items: Sequence[DecisionItem]) -> list[list[list[float]]]:
-        """Unrounded fp32 probabilities, per item, per question, per option in model order (what
-        `decide_encoded` rounds into responses). Same items and errors as `decide_encoded`."""
+        """Unrounded probabilities, per item, per question, per option in model order (what
+        `decide_encoded` rounds into responses: calibrated when the engine has a calibration). Same items and
+        errors as `decide_encoded`."""
         work = [self._as_prepared(item) for item in items]
-        return self._probabilities(work) if work else []
+        return self._calibrated(work, self._probabilities(work)) if work else []
 
     def warmup(self) -> None:
         """Run one small request so the first real request does not pay for lazy initialisation."""
@@ -388,6 +399,21 @@ class Clef:
         )
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _calibrated(
+        self, work: Sequence[PreparedRequest], probs: list[list[list[float]]]
+    ) -> list[list[list[float]]]:
+        """``probs`` with the calibration's temperatures applied per question (unchanged without one)."""
+        calibration = self.calibration
+        if calibration is None:
+            return probs
+        return [
+            [
+                calibration.apply(q.question_id, q.question_type, p)
+                for q, p in zip(w.record.questions, item, strict=True)
+            ]
+            for w, item in zip(work, probs, strict=True)
+        ]
 
     @staticmethod
     def _as_prepared(item: Any) -> PreparedRequest:

@@ -65,13 +65,21 @@ async def metrics(request: Request) -> Response:
     responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]},
 )
 async def models(request: Request) -> JSONResponse:
-    """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...}]}``."""
+    """``{"object": "list", "models": [{name, description, release_date, x_calibration}], "data": [{id,
+    object, ...}]}``; ``x_calibration``: the calibration applied to answers (label, file, sha256,
+    temperatures) or null."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     release_date = getattr(engine, "release_date", None) or UNKNOWN_RELEASE_DATE
     untrained = bool(getattr(engine, "untrained", False))
-    card = {"name": engine.name, "description": engine.description, "release_date": release_date}
+    calibration = getattr(engine, "calibration", None)
+    card = {
+        "name": engine.name,
+        "description": engine.description,
+        "release_date": release_date,
+        "x_calibration": calibration.describe() if calibration is not None else None,
+    }
     openai_entry = {
         "id": engine.name,
         "object": "model",
