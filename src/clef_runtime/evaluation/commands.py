@@ -84,14 +84,15 @@ def _engine_flags_given(args: argparse.Namespace) -> list[str]:
     return [o.flag for o in (MODEL_OPTION, *ENGINE_OPTIONS) if getattr(args, o.field, None) is not None]
 
 
-def _in_process(
-    command: str, args: argparse.Namespace, cases: Sequence[Case], options: EngineOptions
-) -> RunResult:
+def _engine_from_args(command: str, args: argparse.Namespace, options: EngineOptions) -> Any:
     model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
-    clef = _load_engine(command, model, options)
-    bar = progress_bar(len(cases), command)
+    return _load_engine(command, model, options)
+
+
+def _answer(clef: Any, cases: Sequence[Case], batch_size: int, label: str) -> RunResult:
+    bar = progress_bar(len(cases), label)
     try:
-        return answer_in_process(clef, cases, batch_size=args.batch_size, progress=bar)
+        return answer_in_process(clef, cases, batch_size=batch_size, progress=bar)
     finally:
         bar.close()
 
@@ -169,7 +170,7 @@ def _eval(args: argparse.Namespace) -> int:
             bar.close()
     else:
         assert options is not None
-        result = _in_process("eval", args, cases, options)
+        result = _answer(_engine_from_args("eval", args, options), cases, args.batch_size, "eval")
     _report_failures("eval", args.file, result)
     summary = _summarize("eval", result)
     from clef_runtime.evaluation.report import text_summary, write_report
@@ -228,7 +229,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         )
     cases = _cases("calibrate", args.file)
     holdout = _cases("calibrate", args.holdout) if args.holdout else None
-    result = _in_process("calibrate", args, cases, options)
+    clef = _engine_from_args("calibrate", args, options)
+    result = _answer(clef, cases, args.batch_size, "calibrate")
     _report_failures("calibrate", args.file, result)
     try:
         calibration, document = fit_calibration(
@@ -242,7 +244,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _fail("calibrate", str(exc), EXIT_USAGE) from None
     if holdout is not None:
-        held = _in_process("calibrate", args, holdout, options)
+        held = _answer(clef, holdout, args.batch_size, "holdout")
         _report_failures("calibrate", args.holdout, held)
         before = summarize(held.outcomes)
         after = summarize(calibrated_outcomes(held.outcomes, calibration.apply))
@@ -289,20 +291,17 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_side(side: Any, cases: Sequence[Case], args: argparse.Namespace, name: str) -> RunResult:
-    bar = progress_bar(len(cases), f"compare {name}")
-    try:
-        if side.url is not None:
-            try:
-                return answer_url(
-                    side.url, cases, api_key=side.api_key, concurrency=args.concurrency, progress=bar
-                )
-            except RemoteError as exc:
-                raise _fail("compare", f"--{name}: {exc}", EXIT_FAILURE) from None
+    if side.url is None:
         clef = _load_engine("compare", side.model, side.options)
-        result = answer_in_process(clef, cases, batch_size=args.batch_size, progress=bar)
+        result = _answer(clef, cases, args.batch_size, f"compare {name}")
         del clef  # one model in memory at a time
         gc.collect()
         return result
+    bar = progress_bar(len(cases), f"compare {name}")
+    try:
+        return answer_url(side.url, cases, api_key=side.api_key, concurrency=args.concurrency, progress=bar)
+    except RemoteError as exc:
+        raise _fail("compare", f"--{name}: {exc}", EXIT_FAILURE) from None
     finally:
         bar.close()
 
