@@ -250,10 +250,10 @@ def answer_url(
     if status == 401:
         raise RemoteError(f"{url} refused the API key (HTTP 401): pass the server's key with --api-key")
     model, calibration = None, None
-    if status == 200 and isinstance(info, dict) and info.get("models"):
-        card = info["models"][0]
-        model = card.get("name")
-        calibration = (card.get("x_calibration") or {}).get("label")
+    if status == 200 and isinstance(info, dict) and info.get("data"):
+        entry = info["data"][0]
+        model = entry.get("id")
+        calibration = (entry.get("x_calibration") or {}).get("label")
     result = RunResult(
         source={"kind": "url", "url": endpoint, "model": model, "calibration": calibration, "rounded": True}
     )

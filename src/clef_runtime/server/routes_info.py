@@ -65,26 +65,22 @@ async def metrics(request: Request) -> Response:
     responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]},
 )
 async def models(request: Request) -> JSONResponse:
-    """``{"object": "list", "models": [{name, description, release_date, x_calibration}], "data": [{id,
-    object, ...}]}``; ``x_calibration``: the calibration applied to answers (label, file, sha256,
-    temperatures) or null."""
+    """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
+    x_calibration}]}``; ``x_calibration``: the calibration applied to answers (label, file, sha256,
+    temperatures) or null. The Jev card keeps its exact shape."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     release_date = getattr(engine, "release_date", None) or UNKNOWN_RELEASE_DATE
     untrained = bool(getattr(engine, "untrained", False))
     calibration = getattr(engine, "calibration", None)
-    card = {
-        "name": engine.name,
-        "description": engine.description,
-        "release_date": release_date,
-        "x_calibration": calibration.describe() if calibration is not None else None,
-    }
+    card = {"name": engine.name, "description": engine.description, "release_date": release_date}
     openai_entry = {
         "id": engine.name,
         "object": "model",
         "created": int(_STARTED),
         "owned_by": "clef-runtime" if untrained else "cloudflare",
         "max_input_tokens": runtime.settings.input_token_limit,
+        "x_calibration": calibration.describe() if calibration is not None else None,
     }
     return JSONResponse({"object": "list", "models": [card], "data": [openai_entry]})
