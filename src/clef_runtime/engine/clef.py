@@ -244,7 +244,8 @@ class Clef:
         each does; the same options are the CLI flags and ``CLEF_*`` variables of ``clef decide / serve``.
 
         Raises ``CheckpointError`` (a missing or malformed file, named), ``InsufficientMemoryError`` (the
-        model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option,
+        model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option
+        or calibration file (``CalibrationError``, checked before anything loads),
         TypeError for an unknown one, or ``ModelResolutionError`` when a download fails.
         """
         started = time.perf_counter()
