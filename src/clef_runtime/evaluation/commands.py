@@ -215,7 +215,7 @@ def _brief(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from clef_runtime.evaluation.calibrate import fit_calibration
+    from clef_runtime.evaluation.calibrate import TEMPERATURE_BOUNDS, fit_calibration
     from clef_runtime.evaluation.metrics import summarize
 
     if args.batch_size < 1:
@@ -257,6 +257,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     _write_json(args.out, document)
     print(f"wrote {args.out}")
     print("temperatures: " + ", ".join(f"{k} {v:.4f}" for k, v in document["temperatures"].items()))
+    for name, value in [*document["temperatures"].items(), *document["questions"].items()]:
+        if any(abs(value - bound) < 1e-6 for bound in TEMPERATURE_BOUNDS):
+            print(
+                f"note: {name}'s temperature is at the bound {value:g} of {TEMPERATURE_BOUNDS}: the fit wanted "
+                "more; check that this set is large and labelled right",
+                file=sys.stderr,
+            )
     for qid, value in document["questions"].items():
         print(f"  question {qid}: {value:.4f}")
     print(f"nll on {args.file}: {document['nll_before']:.4f} -> {document['nll_after']:.4f}")

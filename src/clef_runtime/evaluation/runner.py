@@ -37,6 +37,8 @@ __all__ = [
 
 #: Wire probabilities are rounded to this many decimals (the System One response format).
 WIRE_DECIMALS = 4
+#: Retries of a request the server answered 429 (queue full) or 503 (not ready), with backoff.
+BUSY_RETRIES = 5
 
 
 class RemoteError(RuntimeError):
@@ -260,12 +262,17 @@ def answer_url(
     bar = progress or _NoProgress()
 
     def one(case: Case) -> tuple[Case, dict[str, dict[str, float]] | str, float]:
-        started = time.perf_counter()
-        try:
-            status, payload = _http("POST", endpoint, api_key, case.body, timeout)
-        except (urllib.error.URLError, OSError) as exc:
-            return case, f"request failed: {getattr(exc, 'reason', exc)}", 0.0
-        elapsed_ms = (time.perf_counter() - started) * 1000
+        for attempt in range(BUSY_RETRIES + 1):
+            started = time.perf_counter()
+            try:
+                status, payload = _http("POST", endpoint, api_key, case.body, timeout)
+            except (urllib.error.URLError, OSError) as exc:
+                return case, f"request failed: {getattr(exc, 'reason', exc)}", 0.0
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            # A full queue (429) or a server still loading (503) is not the case's fault: wait and retry.
+            if status not in (429, 503) or attempt == BUSY_RETRIES:
+                break
+            time.sleep(min(2.0**attempt, 10.0))
         if status != 200:
             return case, _http_error(status, payload), elapsed_ms
         try:
