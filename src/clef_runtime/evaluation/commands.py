@@ -260,8 +260,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     for name, value in [*document["temperatures"].items(), *document["questions"].items()]:
         if any(abs(value - bound) < 1e-6 for bound in TEMPERATURE_BOUNDS):
             print(
-                f"note: {name}'s temperature is at the bound {value:g} of {TEMPERATURE_BOUNDS}: the fit wanted "
-                "more; check that this set is large and labelled right",
+                f"note: {name}'s temperature is at the bound {value:g} of {TEMPERATURE_BOUNDS}: the fit "
+                "wanted more; check that this set is large and labelled right",
                 file=sys.stderr,
             )
     for qid, value in document["questions"].items():
