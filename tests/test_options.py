@@ -1,4 +1,4 @@
-"""One options object: every engine option reaches every entry point (CLI flag, CLEF_* variable, load)."""
+"""One options object: every engine option reaches every entry point (flag, CLEF_* variable, Clef.load)."""
 
 from __future__ import annotations
 

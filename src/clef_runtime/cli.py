@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    from clef_runtime.evaluation.commands import (
+    from clef_runtime.evaluation.arguments import (
         add_calibrate_arguments,
         add_compare_arguments,
         add_eval_arguments,

@@ -28,14 +28,7 @@ from clef_runtime.evaluation.runner import (
 from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, EngineOptions, OptionsError, read_option_values
 from clef_runtime.protocol.errors import ClefError
 
-__all__ = [
-    "add_calibrate_arguments",
-    "add_compare_arguments",
-    "add_eval_arguments",
-    "run_calibrate",
-    "run_compare",
-    "run_eval",
-]
+__all__ = ["run_calibrate", "run_compare", "run_eval"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -72,12 +65,7 @@ def _load_engine(command: str, model: str, options: EngineOptions) -> Any:
         raise
     except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
         raise _fail(command, f"cannot load {model!r}: {exc}", EXIT_FAILURE) from None
-    if clef.untrained:
-        print(
-            f"note: model {clef.name!r} is untrained (random weights): answers are meaningless",
-            file=sys.stderr,
-        )
-    return clef
+    return clef  # Clef.load itself warns (once) when the model is untrained
 
 
 def _engine_flags_given(args: argparse.Namespace) -> list[str]:
@@ -115,25 +103,6 @@ def _summarize(command: str, result: RunResult) -> dict[str, Any]:
 
 def _write_json(path: str, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "file", metavar="FILE", help="the case file (JSON lines: a request + expected answers)"
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=8, metavar="N", help="cases per engine call (default 8)"
-    )
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """``clef eval``'s own flags (the engine's come from ``add_engine_arguments``)."""
-    _common_arguments(parser)
-    parser.add_argument("--url", metavar="URL", help="evaluate a System One server instead of a local model")
-    parser.add_argument("--api-key", metavar="K", help="the server's API key (with --url)")
-    parser.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (--url)")
-    parser.add_argument("--json", metavar="OUT", help="write the metrics as JSON")
-    parser.add_argument("--report", metavar="DIR", help="write reliability/coverage PNGs and report.html")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -190,13 +159,6 @@ def _eval(args: argparse.Namespace) -> int:
         page = write_report(summary, result.source, Path(args.report))
         print(f"report: {page}", file=sys.stderr)
     return EXIT_FAILURE if result.failures else EXIT_OK
-
-
-def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
-    """``clef calibrate``'s own flags."""
-    _common_arguments(parser)
-    parser.add_argument("--out", required=True, metavar="FILE", help="where to write calibration.json")
-    parser.add_argument("--holdout", metavar="F", help="a second case file: metrics before/after on it")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -276,17 +238,6 @@ def _calibrate(args: argparse.Namespace) -> int:
             )
             print(f"  {name} (n={b['n']}): {cells}")
     return EXIT_FAILURE if result.failures else EXIT_OK
-
-
-def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    """``clef compare``'s flags."""
-    _common_arguments(parser)
-    spec = "model=M,OPTION=VALUE,... (engine option names) or url=URL[,api_key=K] or a bare http(s) URL"
-    parser.add_argument("--a", required=True, metavar="SPEC", help=f"side A: {spec}")
-    parser.add_argument("--b", required=True, metavar="SPEC", help="side B, the same form")
-    parser.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (URLs)")
-    parser.add_argument("--json", metavar="OUT", help="write the comparison as JSON")
-    parser.add_argument("--flips", type=int, default=20, metavar="N", help="flips to print (default 20)")
 
 
 def run_compare(args: argparse.Namespace) -> int:
