@@ -1,4 +1,4 @@
-"""The ``clef`` command: encode, decide, serve, make-tiny, bench.
+"""The ``clef`` command: encode, decide, serve, make-tiny, bench, eval, calibrate, compare.
 
 Invalid input exits with status 2 and one line on stderr naming the field; heavy imports (torch) happen only
 in the subcommands that need them.
@@ -219,6 +219,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from clef_runtime.evaluation.commands import run_eval
+
+    return run_eval(args)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from clef_runtime.evaluation.commands import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from clef_runtime.evaluation.commands import run_compare
+
+    return run_compare(args)
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` and every engine option (`clef_runtime.options.ENGINE_OPTIONS`), each with its variable.
     For subcommands that load a model: decide, serve, bench, eval."""
@@ -275,6 +293,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(bench)
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    from clef_runtime.evaluation.arguments import (
+        add_calibrate_arguments,
+        add_compare_arguments,
+        add_eval_arguments,
+    )
+
+    evaluate = sub.add_parser(
+        "eval", help="measure accuracy and calibration on a labelled case file (a model or a server URL)"
+    )
+    add_engine_arguments(evaluate)
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=_cmd_eval)
+
+    calibrate = sub.add_parser(
+        "calibrate", help="fit temperatures on a labelled case file (calibration.json)"
+    )
+    add_engine_arguments(calibrate)
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=_cmd_calibrate)
+
+    compare = sub.add_parser("compare", help="how far two models, modes or servers drift on the same cases")
+    add_compare_arguments(compare)
+    compare.set_defaults(func=_cmd_compare)
     return parser
 
 
@@ -291,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InputFileError as exc:
             print(f"clef {args.command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    if args.command in ("decide", "serve", "bench"):
+    if args.command in ("decide", "serve", "bench", "eval", "calibrate", "compare"):
         # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
         from clef_runtime.model.kernels import configure_cpu_threads
 

@@ -77,6 +77,7 @@ class FakeClef:
     """Implements the server's engine contract, as ``clef_runtime.engine.clef.Clef`` does."""
 
     untrained = True
+    calibration_card = None
 
     def __init__(
         self,

@@ -16,7 +16,15 @@ from clef_runtime.engine.contract import DecisionEngine
 from tests.server.fake_engine import FakeClef
 
 METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats"]
-ATTRIBUTES = ["name", "description", "release_date", "untrained", "max_length", "options"]
+ATTRIBUTES = [
+    "name",
+    "description",
+    "release_date",
+    "untrained",
+    "max_length",
+    "calibration_card",
+    "options",
+]
 
 
 def _parameters(function: Any) -> list[tuple[str, Any, bool]]:

@@ -38,6 +38,7 @@ from clef_runtime.encoding.encoder import DEFAULT_MAX_LENGTH, EncodedRecord, Enc
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer
 from clef_runtime.engine.answers import build_response
+from clef_runtime.engine.calibration import Calibration
 from clef_runtime.engine.images import (
     ImageEmbedder,
     ImageSettings,
@@ -167,6 +168,7 @@ class Clef:
         image_mode: str = "native",
         image_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         vision_tower: VisionTower | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         self.resolved = resolved
         self.tokenizer = tokenizer
@@ -191,6 +193,9 @@ class Clef:
         if snapshot_interval < 0:
             raise ValueError(f"snapshot_interval must be >= 0, got {snapshot_interval}")
         self.snapshot_interval = snapshot_interval
+        self.calibration = calibration
+        """Temperatures applied to every question's probabilities before its answer is built (None: off)."""
+        self.calibration_card = calibration.describe() if calibration is not None else None
         self.options = EngineOptions(
             max_length=max_length,
             prefill_chunk=prefill_chunk,
@@ -226,12 +231,14 @@ class Clef:
         each does; the same options are the CLI flags and ``CLEF_*`` variables of ``clef decide / serve``.
 
         Raises ``CheckpointError`` (a missing or malformed file, named), ``InsufficientMemoryError`` (the
-        model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option,
+        model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option
+        or calibration file (``CalibrationError``, checked before anything loads),
         TypeError for an unknown one, or ``ModelResolutionError`` when a download fails.
         """
         started = time.perf_counter()
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
+        calibration = Calibration.load(opts.calibration) if opts.calibration else None
         resolved = resolve_model(model)
         if resolved.is_tiny:
             logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
@@ -266,6 +273,7 @@ class Clef:
             snapshot_interval=opts.snapshot_interval,
             image_mode=opts.image_mode,
             image_max_tokens=opts.image_max_tokens,
+            calibration=calibration,
         )
         clef.options = opts
         logger.info(
@@ -348,20 +356,24 @@ class Clef:
             return []
         probs, reports = self._scored(work)
         t0 = time.perf_counter()
+        probs = self._calibrated(work, probs)
         responses = []
         for w, p, report in zip(work, probs, reports, strict=True):
             response = build_response(w.request, w.record, p, self.name)
             response["usage"]["input_tokens_details"] = {"cached_tokens": report.cached_tokens}
             response["x_state_cache"] = report.status
+            if self.calibration is not None:
+                response["x_calibration"] = self.calibration.label
             responses.append(response)
         self.last_timings.answer_s = time.perf_counter() - t0
         return responses
 
     def probabilities_encoded(self, items: Sequence[DecisionItem]) -> list[list[list[float]]]:
-        """Unrounded fp32 probabilities, per item, per question, per option in model order (what
-        `decide_encoded` rounds into responses). Same items and errors as `decide_encoded`."""
+        """Unrounded probabilities, per item, per question, per option in model order (what
+        `decide_encoded` rounds into responses: calibrated when the engine has a calibration). Same items and
+        errors as `decide_encoded`."""
         work = [self._as_prepared(item) for item in items]
-        return self._scored(work)[0] if work else []
+        return self._calibrated(work, self._scored(work)[0]) if work else []
 
     def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
         """Run one small request so the first real request does not pay for lazy initialisation; on CUDA
@@ -393,6 +405,21 @@ class Clef:
         )
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _calibrated(
+        self, work: Sequence[PreparedRequest], probs: list[list[list[float]]]
+    ) -> list[list[list[float]]]:
+        """``probs`` with the calibration's temperatures applied per question (unchanged without one)."""
+        calibration = self.calibration
+        if calibration is None:
+            return probs
+        return [
+            [
+                calibration.apply(q.question_id, q.question_type, p)
+                for q, p in zip(w.record.questions, item, strict=True)
+            ]
+            for w, item in zip(work, probs, strict=True)
+        ]
 
     @staticmethod
     def _as_prepared(item: Any) -> PreparedRequest:

@@ -60,6 +60,8 @@ class DecisionEngine(Protocol[PreparedT]):
     """True for random weights (the tiny model): the server says so in ``/v1/models``."""
     max_length: int
     """The token limit of one request."""
+    calibration_card: Mapping[str, Any] | None
+    """The calibration applied to answers (label, file, sha256, temperatures: ``/v1/models``), or None."""
     options: EngineOptions
     """The options the engine was loaded with."""
 

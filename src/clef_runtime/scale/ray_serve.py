@@ -56,6 +56,7 @@ class IngressEngine:
         self.description: str = info["description"]
         self.release_date: str = info["release_date"]
         self.untrained: bool = info["untrained"]
+        self.calibration_card: dict[str, Any] | None = info["calibration_card"]
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Any:
         """Validate and encode (the replica encodes again; this copy decides where the request goes)."""
@@ -189,6 +190,7 @@ class ClefModel:
             "description": engine.description,
             "release_date": engine.release_date,
             "untrained": bool(engine.untrained),
+            "calibration_card": engine.calibration_card,
         }
 
     def cache_stats(self) -> dict[str, Any]:

@@ -122,6 +122,16 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     except SettingsError as exc:
         print(f"clef serve: error: {exc}", file=sys.stderr)
         return 2
+    if settings.engine.calibration:
+        # The model loads in the background; a bad calibration file must fail here, before binding, as a
+        # usage error (exit 2), not as a load failure seen only in the log.
+        from clef_runtime.engine.calibration import Calibration, CalibrationError
+
+        try:
+            Calibration.load(settings.engine.calibration)
+        except CalibrationError as exc:
+            print(f"clef serve: error: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings.log_level)
     if settings.ray:
         from clef_runtime.scale.ray_serve import run_ray_serve

@@ -1,0 +1,1 @@
+"""Measuring decisions on labelled cases: ``clef eval``, ``clef calibrate`` and ``clef compare``."""
