@@ -364,7 +364,8 @@ class Clef:
         probs = self._probabilities(work)
         t0 = time.perf_counter()
         responses = [
-            build_response(w.request, w.record, p, self.name) for w, p in zip(work, probs, strict=True)
+            build_response(w.request, w.record, p, self.name, self.options.confidence)
+            for w, p in zip(work, probs, strict=True)
         ]
         self.last_timings.answer_s = time.perf_counter() - t0
         return responses
