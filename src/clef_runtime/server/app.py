@@ -24,12 +24,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clef_runtime import __version__
 from clef_runtime.protocol.decisions import DecisionsRequest
+from clef_runtime.protocol.openai_chat import ChatCompletionRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.errors import error_body, install_error_handlers
 from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.routes_chat import router as chat_router
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_systemone import router as systemone_router
+from clef_runtime.server.routes_workers_ai import router as workers_ai_router
 from clef_runtime.server.runtime import EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
 
@@ -41,8 +44,10 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics"})
 
 _DESCRIPTION = """\
-Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev) and
-its OpenAI-shaped sibling (`POST /v1/decisions`).
+Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev),
+its OpenAI-shaped sibling (`POST /v1/decisions`), OpenAI structured outputs (`POST /v1/chat/completions`
+with a JSON schema) and Cloudflare Workers AI's route
+(`POST /client/v4/accounts/{id}/ai/run/@cf/cloudflare/clef-flash`).
 
 Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`. With API keys
 configured, send `Authorization: Bearer <key>` or `X-API-Key: <key>`. Every response carries `x-request-id`.
@@ -58,7 +63,8 @@ class RequestContextMiddleware:
     ) -> None:
         self.app = app
         self.metrics = metrics
-        # Our routes have no path parameters, so a known path is its own route template.
+        # Metrics are labelled by route template: a known path, or the template of the matched route (the
+        # Workers AI route has path parameters), never the raw path of an unknown URL.
         self.route_paths = route_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,7 +105,11 @@ class RequestContextMiddleware:
             self.metrics.inflight.dec()
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
-            label = path if path in self.route_paths else "unmatched"
+            template = getattr(scope.get("route"), "path", None)
+            if template in self.route_paths:
+                label = str(template)
+            else:
+                label = path if path in self.route_paths else "unmatched"
             code = status[0] if status else 500
             self.metrics.observe_request(label, scope.get("method", ""), code, elapsed)
             _log_request(scope, state, label, code, elapsed)
@@ -139,7 +149,7 @@ def _install_openapi(app: FastAPI) -> None:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (SystemOneRequest, DecisionsRequest):
+        for model in (SystemOneRequest, DecisionsRequest, ChatCompletionRequest):
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(model_schema.pop("$defs", {}))
             components[model.__name__] = model_schema
@@ -186,9 +196,12 @@ def create_app(
     install_error_handlers(app)
     app.include_router(systemone_router)
     app.include_router(decisions_router)
+    app.include_router(chat_router)
+    app.include_router(workers_ai_router)
     app.include_router(info_router)
+    routers = (systemone_router, decisions_router, chat_router, workers_ai_router, info_router)
     # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.
-    all_routes = [*app.routes, *systemone_router.routes, *decisions_router.routes, *info_router.routes]
+    all_routes = [*app.routes, *(route for router in routers for route in router.routes)]
     route_paths = frozenset(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )

@@ -65,12 +65,15 @@ async def metrics(request: Request) -> Response:
     responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]},
 )
 async def models(request: Request) -> JSONResponse:
-    """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...}]}``."""
+    """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
+    confidence}]}``; ``confidence`` is the engine's ``--confidence`` mode (the Jev card keeps its fields)."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     release_date = getattr(engine, "release_date", None) or UNKNOWN_RELEASE_DATE
     untrained = bool(getattr(engine, "untrained", False))
+    # The confidence definition of choice/score answers (--confidence): clients can check it is theirs.
+    confidence = getattr(getattr(engine, "options", None), "confidence", "seed")
     card = {"name": engine.name, "description": engine.description, "release_date": release_date}
     openai_entry = {
         "id": engine.name,
@@ -78,5 +81,6 @@ async def models(request: Request) -> JSONResponse:
         "created": int(_STARTED),
         "owned_by": "clef-runtime" if untrained else "cloudflare",
         "max_input_tokens": runtime.settings.input_token_limit,
+        "confidence": confidence,
     }
     return JSONResponse({"object": "list", "models": [card], "data": [openai_entry]})
