@@ -11,7 +11,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from clef_runtime.protocol.images import extract_images
-from clef_runtime.server.openapi_docs import DECISIONS_EXAMPLES, SYSTEMONE_EXAMPLES
+from clef_runtime.server.openapi_docs import (
+    CHAT_EXAMPLES,
+    DECISIONS_EXAMPLES,
+    SYSTEMONE_EXAMPLES,
+    WORKERS_AI_EXAMPLES,
+)
 
 
 def _operations(client: TestClient) -> list[tuple[str, str, dict[str, Any]]]:
@@ -75,3 +80,23 @@ def test_every_decisions_example_is_accepted(client: TestClient, name: str) -> N
     response = client.post("/v1/decisions", json=body)
     assert response.status_code == 200, response.text
     assert len(response.json()["answers"]) == len(body["questions"])
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_EXAMPLES))
+def test_every_chat_example_is_accepted(client: TestClient, name: str) -> None:
+    body = CHAT_EXAMPLES[name]["value"]
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    if body.get("stream"):
+        assert response.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert response.json()["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize("name", sorted(WORKERS_AI_EXAMPLES))
+def test_every_workers_ai_example_is_accepted(client: TestClient, name: str) -> None:
+    body = WORKERS_AI_EXAMPLES[name]["value"]
+    response = client.post("/client/v4/accounts/0123abcd/ai/run/@cf/cloudflare/clef-flash", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["success"] is True
+    assert set(response.json()["result"]["answers"]) == set(body["questions"])

@@ -359,7 +359,7 @@ class Clef:
         probs = self._calibrated(work, probs)
         responses = []
         for w, p, report in zip(work, probs, reports, strict=True):
-            response = build_response(w.request, w.record, p, self.name)
+            response = build_response(w.request, w.record, p, self.name, self.options.confidence)
             response["usage"]["input_tokens_details"] = {"cached_tokens": report.cached_tokens}
             response["x_state_cache"] = report.status
             if self.calibration is not None:

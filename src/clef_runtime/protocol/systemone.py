@@ -185,14 +185,19 @@ class NoulAnswer(BaseModel):
 class ChoiceAnswer(BaseModel):
     type: Literal["choice"] = "choice"
     choice: str = Field(description="The most probable option (first maximum in the request's order).")
-    confidence: float = Field(description="The probability of `choice` (Clef's definition).")
+    confidence: float = Field(
+        description="By default the probability of `choice` (Clef's definition); the server's --confidence "
+        "mode may select TypeSafe's chance-corrected or Workers AI's definition."
+    )
     probabilities: dict[str, float] = Field(description="Every option's probability, in the request's order.")
 
 
 class ScoreAnswer(BaseModel):
     type: Literal["score"] = "score"
     score: float = Field(description="The expected level, sum(level * p).")
-    confidence: float = Field(description="The largest level probability (Clef's definition).")
+    confidence: float = Field(
+        description="By default the largest level probability (Clef's definition); see --confidence."
+    )
     legend: dict[str, Any] = Field(description="Each level key echoing the request's level description.")
     probabilities: dict[str, float]
 

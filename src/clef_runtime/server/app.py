@@ -24,16 +24,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clef_runtime.protocol.decisions import DecisionsRequest
 from clef_runtime.protocol.images import add_image_fields
+from clef_runtime.protocol.openai_chat import ChatCompletionRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
 from clef_runtime.server.jobs import JobsService
 from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.routes_chat import router as chat_router
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
 from clef_runtime.server.routes_pages import router as pages_router
 from clef_runtime.server.routes_systemone import router as systemone_router
+from clef_runtime.server.routes_workers_ai import router as workers_ai_router
 from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
 from clef_runtime.version import __version__
@@ -47,8 +50,10 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/status.json"})
 
 _DESCRIPTION = """\
-Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev) and
-its OpenAI-shaped sibling (`POST /v1/decisions`).
+Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev),
+its OpenAI-shaped sibling (`POST /v1/decisions`), OpenAI structured outputs (`POST /v1/chat/completions`
+with a JSON schema) and Cloudflare Workers AI's route
+(`POST /client/v4/accounts/{id}/ai/run/@cf/cloudflare/clef-flash`).
 
 Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`; responses of at least
 1 KiB are compressed by `Accept-Encoding` (zstd or gzip). With API keys
@@ -65,7 +70,8 @@ class RequestContextMiddleware:
     ) -> None:
         self.app = app
         self.metrics = metrics
-        # Our routes have no path parameters, so a known path is its own route template.
+        # Metrics are labelled by route template: a known path, or the template of the matched route (the
+        # Workers AI route has path parameters), never the raw path of an unknown URL.
         self.route_paths = route_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -148,7 +154,7 @@ def _install_openapi(app: FastAPI) -> None:
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         ref_template = "#/components/schemas/{model}"
-        for model in (SystemOneRequest, DecisionsRequest):
+        for model in (SystemOneRequest, DecisionsRequest, ChatCompletionRequest):
             model_schema = model.model_json_schema(ref_template=ref_template)
             components.update(model_schema.pop("$defs", {}))
             components[model.__name__] = model_schema
@@ -216,18 +222,22 @@ def create_app(
     install_error_handlers(app)
     app.include_router(systemone_router)
     app.include_router(decisions_router)
+    app.include_router(chat_router)
+    app.include_router(workers_ai_router)
     app.include_router(info_router)
     app.include_router(jobs_router)
     app.include_router(pages_router)
+    routers = (
+        systemone_router,
+        decisions_router,
+        chat_router,
+        workers_ai_router,
+        info_router,
+        jobs_router,
+        pages_router,
+    )
     # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.
-    all_routes = [
-        *app.routes,
-        *systemone_router.routes,
-        *decisions_router.routes,
-        *info_router.routes,
-        *jobs_router.routes,
-        *pages_router.routes,
-    ]
+    all_routes = [*app.routes, *(route for router in routers for route in router.routes)]
     route_paths = frozenset(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )

@@ -5,29 +5,42 @@ Two body shapes, as TypeSafe's API and FastAPI use them:
 * validation (422): ``{"detail": [{"loc": ["body", ...], "msg": str, "type": str}, ...]}``
 * everything else: ``{"detail": {"error_type": str, "message": str}}`` (plus optional extra keys such as
   ``request_id``, ``input_tokens``, ``limit``).
+
+A route that speaks another API's error shape (OpenAI's, Cloudflare's) uses a router built with
+``route_class=shaped_errors_route(shaper)``: every error its endpoint raises (:class:`ApiError`, protocol
+errors, HTTP exceptions, and unexpected exceptions as a 500) goes through ``shaper`` instead of the
+handlers below, so the System One routes' bodies stay exactly as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError as FastAPIValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestValidationError
 
 __all__ = [
     "ApiError",
     "ClientGone",
+    "ErrorShaper",
+    "as_api_error",
     "error_body",
     "install_error_handlers",
+    "shaped_errors_route",
     "too_long_error",
     "validation_body",
     "validation_error",
 ]
+
+logger = logging.getLogger("clef_runtime.server")
 
 _STATUS_ERROR_TYPES = {
     400: "invalid_request_error",
@@ -125,6 +138,56 @@ def from_protocol_error(exc: RequestValidationError) -> ApiError:
     if isinstance(exc, InputTooLongError):
         return too_long_error(exc)
     return validation_error(exc.errors)
+
+
+def as_api_error(exc: Exception) -> ApiError | None:
+    """``exc`` as an :class:`ApiError` (protocol errors -> 422/413, HTTP exceptions keep their status), or
+    None for an exception that is not a client-facing error."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return from_protocol_error(exc)
+    if isinstance(exc, StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        error_type = _STATUS_ERROR_TYPES.get(exc.status_code, "http_error")
+        return ApiError(exc.status_code, error_type, message, headers=exc.headers)
+    return None
+
+
+ErrorShaper = Callable[[ApiError], Response]
+"""Renders an error in a route's own API shape."""
+
+
+def shaped_errors_route(shaper: ErrorShaper) -> type[APIRoute]:
+    """A route class whose endpoint errors are rendered by ``shaper`` (see the module docstring).
+
+    Unexpected exceptions are logged with the request id and rendered as a 500 ``internal_error`` naming
+    it, as the middleware does for the other routes.
+    """
+
+    class ShapedErrorsRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def shaped(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except Exception as exc:
+                    error = as_api_error(exc)
+                    if error is None:
+                        request_id = getattr(request.state, "request_id", "?")
+                        logger.exception("request_id=%s internal error", request_id)
+                        error = ApiError(
+                            500,
+                            "internal_error",
+                            f"internal server error; quote request id {request_id} when reporting it",
+                        )
+                    request.state.error_type = error.error_type
+                    return shaper(error)
+
+            return shaped
+
+    return ShapedErrorsRoute
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -4,17 +4,20 @@ client-gone, error translation, finish.
 A route is its wire mapping (`WireMapping`): how its body becomes a System One body plus a plan, how the
 System One answer goes back through the plan, and where an error found in the mapped body points in the
 route's own body. ``/v1/systemone`` maps nothing; ``/v1/decisions`` maps the OpenAI-shaped request. A new
-route (another wire format) adds a mapping and a three-line handler.
+route (another wire format: OpenAI chat completions, Workers AI's envelope) adds a mapping and a three-line
+handler; its errors may take its own shape (`WireMapping.error`, and a route class from
+`clef_runtime.server.errors.shaped_errors_route`) and its response may be rewrapped (`WireMapping.reply`).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
 from clef_runtime.server.errors import ApiError, ClientGone, from_protocol_error, validation_error
@@ -28,10 +31,19 @@ from clef_runtime.server.handling import (
     runtime_of,
 )
 
-__all__ = ["SYSTEMONE", "Loc", "WireMapping", "answer_decision", "decision_route_doc"]
+__all__ = ["SYSTEMONE", "Loc", "Reply", "WireMapping", "answer_decision", "decision_route_doc"]
 
 PlanT = TypeVar("PlanT")
 Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a mapping may need besides the answer to build its body: the request id and whether the server
+    is deterministic (identical requests must give identical bytes: no clock in the body)."""
+
+    request_id: str
+    deterministic: bool
 
 
 @dataclass(frozen=True)
@@ -41,17 +53,22 @@ class WireMapping(Generic[PlanT]):
     to_systemone: Callable[[Any], tuple[Any, PlanT]]
     """Validate the decoded JSON body and map it: ``(system_one_body, plan)``. Raises
     ``RequestValidationError`` with locations in the route's own body."""
-    from_systemone: Callable[[dict[str, Any], PlanT], dict[str, Any]]
+    from_systemone: Callable[[dict[str, Any], PlanT, Reply], dict[str, Any]]
     """Build the route's response body from the engine's System One response and the plan."""
     error_loc: Callable[[Loc, PlanT], Loc] | None = None
     """Point an error found in the mapped System One body at the route's own field (None: as it is)."""
+    error: Callable[[RequestValidationError, PlanT | None], ApiError] | None = None
+    """Turn a validation error into the route's own error (None: 422 / 413 with `error_loc` applied); the
+    plan is None when the body itself was invalid."""
+    reply: Callable[[JSONResponse, PlanT], Response] | None = None
+    """Rewrap the finished JSON response (its ``x_`` extras and headers in place): an envelope, a stream."""
 
 
 def _unchanged(data: Any) -> tuple[Any, None]:
     return data, None
 
 
-def _answer_as_is(answer: dict[str, Any], plan: None) -> dict[str, Any]:
+def _answer_as_is(answer: dict[str, Any], plan: None, reply: Reply) -> dict[str, Any]:
     return answer
 
 
@@ -74,6 +91,8 @@ def decision_route_doc(
 
 
 def _error(exc: RequestValidationError, mapping: WireMapping[PlanT], plan: tuple[PlanT] | None) -> ApiError:
+    if mapping.error is not None:
+        return mapping.error(exc, None if plan is None else plan[0])
     if plan is not None and mapping.error_loc is not None and not isinstance(exc, InputTooLongError):
         # Found in the mapped System One request: point at the route's own field instead.
         (mapped_plan,) = plan
@@ -106,4 +125,7 @@ async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Resp
         error = _error(exc, mapping, plan)
         note(request, error_type=error.error_type)
         raise error from None
-    return finish(request, mapping.from_systemone(answer, plan[0]), prepared, answer)
+    settings = runtime.settings
+    reply = Reply(getattr(request.state, "request_id", None) or uuid.uuid4().hex, settings.deterministic)
+    response = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, answer)
+    return response if mapping.reply is None else mapping.reply(response, plan[0])

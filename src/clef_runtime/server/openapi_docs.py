@@ -205,3 +205,92 @@ def decisions_request_body() -> dict[str, Any]:
 def json_example(description: str, example: Any) -> dict[str, Any]:
     """A ``responses`` entry documenting a JSON 200 with one example."""
     return {"description": description, "content": {"application/json": {"example": example}}}
+
+
+CHAT_DESCRIPTION = """\
+OpenAI structured outputs, answered by one Clef decision instead of generated text. The conversation
+(`messages`) is the state; each property of `response_format.json_schema.schema` that is decidable becomes a
+question: a string `enum` (or `anyOf` of `const`s) a choice, a `boolean` a yes/no, an `integer` with
+`minimum`/`maximum` (2 to 10 levels) a score. The reply is a `chat.completion` whose message content is the
+JSON object of the most probable answers, with per-token `logprobs` when asked and the System One answers in
+`x_decisions`. `stream: true` sends the same completion as server-sent events. Errors use OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`, `param` naming the field).
+"""
+
+_TRIAGE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "team": {"type": "string", "enum": ["billing", "tech", "sales"], "description": "Which team?"},
+        "urgent": {"type": "boolean", "description": "Does it need a reply within the hour?"},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 4, "description": "1 low, 4 critical"},
+    },
+    "required": ["team", "urgent", "priority"],
+    "additionalProperties": False,
+}
+
+CHAT_EXAMPLES: dict[str, dict[str, Any]] = {
+    "triage": {
+        "summary": "Route a support ticket (choice, yes/no and a 1-4 level at once)",
+        "value": {
+            "model": "clef-flash",
+            "messages": [
+                {"role": "system", "content": "You triage support tickets."},
+                {"role": "user", "content": _SUPPORT_TICKET},
+            ],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "triage", "schema": _TRIAGE_SCHEMA, "strict": True},
+            },
+        },
+    },
+    "stream_with_logprobs": {
+        "summary": "One yes/no property, streamed, with the log-probabilities of both answers",
+        "value": {
+            "model": "clef-flash",
+            "messages": [{"role": "user", "content": "Great product, but the box arrived crushed."}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "damage",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"damaged": {"type": "boolean", "description": "Is the item damaged?"}},
+                        "required": ["damaged"],
+                    },
+                },
+            },
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream": True,
+        },
+    },
+}
+
+
+def chat_request_body() -> dict[str, Any]:
+    """The ``openapi_extra`` of ``POST /v1/chat/completions``: its body schema and examples."""
+    return _request_body(
+        "ChatCompletionRequest", "An OpenAI chat completion request with a JSON schema.", CHAT_EXAMPLES
+    )
+
+
+WORKERS_AI_DESCRIPTION = """\
+Workers AI's REST route for Clef, so that code written against
+`https://api.cloudflare.com/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash` runs against
+this server by changing the base URL. Any account id is accepted; the model path is
+`@cf/cloudflare/clef-flash`
+(or `@cf/cloudflare/clef`). The body is a System One request, the answer is its System One response in
+Cloudflare's envelope (`{"result", "success", "errors", "messages"}`), and errors are in the same envelope
+with Cloudflare's codes.
+"""
+
+WORKERS_AI_EXAMPLES: dict[str, dict[str, Any]] = {
+    name: {**example, "summary": f"{example['summary']} (in Workers AI's envelope)"}
+    for name, example in SYSTEMONE_EXAMPLES.items()
+    if name in ("text", "json_state")
+}
+
+
+def workers_ai_request_body() -> dict[str, Any]:
+    """The ``openapi_extra`` of Workers AI's route: the System One body schema and examples."""
+    return _request_body("SystemOneRequest", "A System One request.", WORKERS_AI_EXAMPLES)

@@ -18,7 +18,7 @@ from clef_runtime.protocol.decisions import (
     to_systemone,
     translate_error_loc,
 )
-from clef_runtime.server.flow import WireMapping, answer_decision, decision_route_doc
+from clef_runtime.server.flow import Reply, WireMapping, answer_decision, decision_route_doc
 from clef_runtime.server.openapi_docs import DECISIONS_DESCRIPTION, decisions_request_body
 
 __all__ = ["DECISIONS", "router"]
@@ -30,8 +30,12 @@ def _to_systemone(data: Any) -> tuple[dict[str, Any], DecisionPlan]:
     return to_systemone(parse_decisions_request(data))
 
 
+def _from_systemone(answer: dict[str, Any], plan: DecisionPlan, reply: Reply) -> dict[str, Any]:
+    return to_decision_response(answer, plan)
+
+
 DECISIONS: WireMapping[DecisionPlan] = WireMapping(
-    to_systemone=_to_systemone, from_systemone=to_decision_response, error_loc=translate_error_loc
+    to_systemone=_to_systemone, from_systemone=_from_systemone, error_loc=translate_error_loc
 )
 """``/v1/decisions`` onto System One: questions by index, ``input`` as the state."""
 

@@ -131,14 +131,17 @@ async def metrics(request: Request) -> Response:
 )
 async def models(request: Request) -> JSONResponse:
     """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
-    x_calibration}]}``; ``x_calibration``: the calibration applied to answers (label, file, sha256,
-    temperatures) or null. The Jev card keeps its exact shape."""
+    x_calibration, confidence}]}``; ``x_calibration``: the calibration applied to answers (label, file,
+    sha256, temperatures) or null; ``confidence``: the engine's ``--confidence`` mode. The Jev card keeps its
+    exact shape."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     release_date = engine.release_date or UNKNOWN_RELEASE_DATE
     untrained = engine.untrained
     calibration = engine.calibration_card
+    # The confidence definition of choice/score answers (--confidence): clients can check it is theirs.
+    confidence = engine.options.confidence
     card = {"name": engine.name, "description": engine.description, "release_date": release_date}
     openai_entry = {
         "id": engine.name,
@@ -147,5 +150,6 @@ async def models(request: Request) -> JSONResponse:
         "owned_by": "clef-runtime" if untrained else "cloudflare",
         "max_input_tokens": runtime.settings.input_token_limit,
         "x_calibration": dict(calibration) if calibration is not None else None,
+        "confidence": confidence,
     }
     return JSONResponse({"object": "list", "models": [card], "data": [openai_entry]})
