@@ -1,6 +1,6 @@
 """Batching and the warm path through a real ``clef serve`` process, on the hidden-512 / 8-layer medium model.
 
-Two servers run one after the other on the same random checkpoint (built by ``bench_server.make_medium``):
+Two servers run one after the other on the same random checkpoint (built by ``server_harness.make_medium``):
 ``capped`` (the default: `Backbone.extend` splits a batch into calls of at most 4,096 rows x tokens) and
 ``uncapped`` (the previous behaviour: one call per batch, cut only at snapshots), started with the
 module default patched before load. Each server gets, with fresh states every pass (so no state-cache
@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import WORDS, free_port, make_medium, start_server, stop_server
+from server_harness import WORDS, free_port, make_medium, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """CPU time per token and row of `Backbone.extend`: one row alone vs 16 rows in one call vs 16 rows in calls
-of 512 / 256 / 128 / 64 tokens, on the hidden-512 / 8-layer medium model (``bench_server.make_medium``).
+of 512 / 256 / 128 / 64 tokens, on the hidden-512 / 8-layer medium model (``server_harness.make_medium``).
 
 One intra-op thread and process CPU time, so that other jobs on a shared machine change the figures little;
 each figure is the fastest of ``--reps`` runs. This is the profile behind `DEFAULT_MAX_CALL_TOKENS`.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import make_medium
+from server_harness import make_medium
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import free_port, make_medium, start_server, stop_server
+from server_harness import free_port, make_medium, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
