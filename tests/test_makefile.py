@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,8 +11,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_install_steps_are_announced_and_not_silenced() -> None:
     # -n: print the commands a fresh setup would run (-B: as if nothing were built), run nothing.
+    # Under `make test` the parent make's variables would make this one a sub-make that prints
+    # "Entering/Leaving directory" lines: run it as a user would, from a plain shell.
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+    }
     done = subprocess.run(
-        ["make", "-n", "-B", "run"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+        ["make", "--no-print-directory", "-n", "-B", "run"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     lines = done.stdout.splitlines()
     steps = [line for line in lines if line.startswith('echo "==> [')]
