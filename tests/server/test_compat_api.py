@@ -189,6 +189,8 @@ def test_workers_ai_route_errors(client: TestClient) -> None:
         client.post("/client/v4/accounts/a/ai/run/@cf/meta/llama-3", json=SYSTEMONE), 400, 5007
     )
     assert "@cf/meta/llama-3" in message
+    # a newline in the model path (found by schema fuzzing) is an unknown model too, not a bare 404
+    assert_envelope_error(client.post("/client/v4/accounts/a/ai/run/@cf/x%0Ay", json=SYSTEMONE), 400, 5007)
     bad = {"state": "x", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}}
     message = assert_envelope_error(client.post(WORKERS, json=bad), 422, 5006)
     assert message.startswith("questions.q.criteria")
@@ -212,7 +214,7 @@ def test_metrics_label_the_workers_ai_route_by_its_template(client: TestClient) 
     client.post(WORKERS, json=SYSTEMONE)
     client.post(CHAT_PATH, json=CHAT)
     metrics = client.get("/metrics").text
-    assert 'route="/client/v4/accounts/{account_id}/ai/run/{model_path:path}"' in metrics
+    assert 'route="/client/v4/accounts/{account_id}/ai/run/{model_path}"' in metrics
     assert 'route="/v1/chat/completions"' in metrics
     assert "0123abcd" not in metrics
 

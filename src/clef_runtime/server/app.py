@@ -112,7 +112,8 @@ class RequestContextMiddleware:
             self.metrics.inflight.dec()
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
-            matched = getattr(scope.get("route"), "path", None)  # a route template such as /v1/jobs/{job_id}
+            # a route template such as /v1/jobs/{job_id} (path_format: without any {name:convertor} suffix)
+            matched = getattr(scope.get("route"), "path_format", None)
             label = matched if isinstance(matched, str) else path if path in self.route_paths else "unmatched"
             code = status[0] if status else 500
             self.metrics.observe_request(label, scope.get("method", ""), code, elapsed)

@@ -75,6 +75,16 @@ _OPENAI_ERROR = {
 }
 
 
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "a chat.completion.chunk as JSON, or [DONE] last"},
+    },
+    "required": ["data"],
+}
+
+
 def _error_doc(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _OPENAI_ERROR}}}
 
@@ -85,7 +95,9 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
         "System One answers), or with stream: true its chunks as server-sent events ending with data: [DONE]",
         "content": {
             "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
+            # One schema per server-sent event (as OpenAPI tools read an event stream): its data is a
+            # chat.completion.chunk in JSON, and the last event's data is the literal [DONE].
+            "text/event-stream": {"schema": _SSE_EVENT},
         },
     },
     400: _error_doc("Invalid request, undecidable schema property, n > 1, tools, no schema (param names it)"),

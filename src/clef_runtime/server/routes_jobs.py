@@ -103,6 +103,10 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     "recorded as failed with `?skip_invalid=true`. The job survives a server crash or restart.",
     responses={
         202: json_example("The stored job", {**_JOB_EXAMPLE, "status": "queued"}),
+        200: json_example(
+            "The same Idempotency-Key and body again: the job stored the first time (nothing new is stored)",
+            _JOB_EXAMPLE,
+        ),
         409: {"description": "Idempotency-Key reused with another body"},
         **ERROR_RESPONSES,
         404: _JOB_ERRORS[404],

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from clef_runtime.protocol.errors import format_loc
 from clef_runtime.protocol.workers_ai import MODEL_PATHS, error_code, error_envelope, success_envelope
@@ -18,7 +19,17 @@ from clef_runtime.server.openapi_docs import WORKERS_AI_DESCRIPTION, workers_ai_
 
 __all__ = ["ROUTE", "WORKERS_AI", "router", "workers_ai_error_response"]
 
-ROUTE = "/client/v4/accounts/{account_id}/ai/run/{model_path:path}"
+
+class _AnyModelPath(PathConvertor):
+    """Starlette's ``path`` with newlines too: a model path holding a control character is then an unknown
+    model (400 in the envelope, naming it) rather than a bare 404 that matches no route."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("clef_model_path", _AnyModelPath())
+
+ROUTE = "/client/v4/accounts/{account_id}/ai/run/{model_path:clef_model_path}"
 
 
 def workers_ai_error_response(error: ApiError) -> Response:
