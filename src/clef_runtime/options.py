@@ -324,8 +324,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "--weights",
         "CLEF_WEIGHTS",
         parse_lower,
-        "CPU weight storage: auto (fp32 when it fits, else bf16 storage with fp32 compute), fp32, "
-        "bf16-storage, or int8 (opt-in: changes numbers, see --int8-layers) (default auto)",
+        "CPU weight storage: auto (fp32 when it fits, else bf16 storage with fp32 compute, int8 only when "
+        "neither fits, saying so in the log), fp32, bf16-storage, or int8 (opt-in: changes numbers, see "
+        "--int8-layers) (default auto)",
         "MODE",
         choices=WEIGHT_MODES,
     ),
