@@ -116,3 +116,22 @@ def test_make_tiny_into_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"clef make-tiny: error: cannot write {blocker / 'tiny'}")
+
+
+@pytest.mark.parametrize(("command", "team_on_main"), [("serve", False), ("decide", True)])
+def test_only_commands_that_compute_on_the_main_thread_start_a_thread_team_there(
+    command: str, team_on_main: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # clef serve computes on its batcher thread: a team on the main thread too would slow it.
+    import clef_runtime.model.kernels as kernels
+    from clef_runtime import cli
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: calls.append(k) or 2)
+    monkeypatch.setattr(cli, "_cmd_serve", lambda args: 0)
+    monkeypatch.setattr(cli, "_cmd_decide", lambda args: 0)
+    request = tmp_path / "r.json"
+    request.write_text("{}")
+    argv = ["serve", "--model", "tiny"] if command == "serve" else ["decide", str(request)]
+    assert cli.main(argv) == 0
+    assert calls == [{"start_pool": team_on_main}]

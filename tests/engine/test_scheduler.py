@@ -301,3 +301,39 @@ def test_the_window_is_held_while_items_are_on_their_way() -> None:
     assert (first.result(5), second.result(5)) == ("FIRST", "SECOND")
     assert recorder.batches == [["first", "second"]]
     batcher.close()
+
+
+def test_the_thread_start_hook_runs_on_the_worker_before_the_first_batch() -> None:
+    seen: list[str] = []
+
+    def record_calls(payloads: list[str]) -> list[str]:
+        seen.append(f"batch on {threading.current_thread().name}")
+        return payloads
+
+    batcher: DynamicBatcher[str, str] = DynamicBatcher(
+        record_calls,
+        window_s=0,
+        name="worker-x",
+        on_thread_start=lambda: seen.append(f"start on {threading.current_thread().name}"),
+    )
+    batcher.start()
+    try:
+        assert batcher.submit("a", 1).result(5) == "a"
+    finally:
+        batcher.close()
+    assert seen == ["start on worker-x", "batch on worker-x"]
+
+
+def test_a_failing_thread_start_hook_is_logged_and_the_worker_still_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("no team")
+
+    batcher: DynamicBatcher[str, str] = DynamicBatcher(Recorder(), window_s=0, on_thread_start=broken)
+    batcher.start()
+    try:
+        assert batcher.submit("a", 1).result(5) == "A"
+    finally:
+        batcher.close()
+    assert "batch worker start hook failed" in caplog.text

@@ -132,6 +132,9 @@ class FakeClef:
     def cache_stats(self) -> dict[str, int]:
         return {}  # no state cache
 
+    def prepare_compute_thread(self) -> None:
+        self.compute_thread = threading.current_thread().name
+
     def decide(self, request: Any) -> dict[str, Any]:
         return self.decide_encoded([self.prepare(request)])[0]
 

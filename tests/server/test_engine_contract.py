@@ -15,7 +15,7 @@ from clef_runtime.engine.clef import Clef
 from clef_runtime.engine.contract import DecisionEngine
 from tests.server.fake_engine import FakeClef
 
-METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats"]
+METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats", "prepare_compute_thread"]
 ATTRIBUTES = [
     "name",
     "description",
@@ -88,3 +88,11 @@ def test_the_server_uses_only_the_contract() -> None:
     used = _engine_members_used_by_the_server()
     assert "decide_encoded" in used  # the scan sees the server's calls
     assert used <= set(METHODS) | set(ATTRIBUTES), used - set(METHODS) - set(ATTRIBUTES)
+
+
+def test_the_batcher_thread_prepares_itself_for_compute(serve_fake: Any) -> None:
+    # The thread that runs decide_encoded is the one that starts the CPU thread team (model/kernels.py).
+    served = serve_fake()
+    response = served.client.post("/v1/systemone", json={"state": "x", "questions": {"q": {"type": "noul"}}})
+    assert response.status_code == 200
+    assert served.engine.compute_thread == "clef-batcher"

@@ -307,6 +307,16 @@ class Clef:
         ``reused_tokens`` (image and state tokens taken from the cache, summed over requests)."""
         return self.state_cache.stats()
 
+    def prepare_compute_thread(self) -> None:
+        """Start the calling thread's CPU thread team (with flush-to-zero) before it runs the model: call it
+        on the thread that will run every `decide_encoded` (the server's batcher does). Without it the team
+        is started by the first request, and a team another live thread started first slows both (see
+        `clef_runtime.model.kernels.configure_cpu_threads`). No-op off CPU."""
+        if self.backbone.device.type == "cpu":
+            from clef_runtime.model.kernels import start_thread_pool
+
+            start_thread_pool()
+
     def clear_cache(self) -> None:
         """Drop every cached state (the prompt prefix stays)."""
         self.state_cache.clear()

@@ -83,3 +83,8 @@ class DecisionEngine(Protocol[PreparedT]):
     def cache_stats(self) -> Mapping[str, int]:
         """Counters exported on ``/metrics`` as ``clef_cache_*`` (empty for an engine without a cache)."""
         ...
+
+    def prepare_compute_thread(self) -> None:
+        """Called once on the thread that will run every `decide_encoded` call, before the first (the CPU
+        engine starts that thread's OpenMP team there)."""
+        ...

@@ -117,8 +117,12 @@ class DynamicBatcher(Generic[P, R]):
         name: str = "clef-batcher",
         background_batch_size: int = 4,
         max_background: int = 1024,
+        on_thread_start: Callable[[], None] | None = None,
     ) -> None:
         """Configure the batcher; call :meth:`start` to launch the worker.
+
+        ``on_thread_start()`` (optional) runs first on the worker thread, the one that calls ``run_batch``
+        (e.g. the engine's ``prepare_compute_thread``); an exception there is logged, and the worker goes on.
 
         ``arrivals()`` (optional) returns how many items are about to be submitted; the window is skipped
         while it returns 0. Without it the window is always waited. Call :meth:`wake` when it drops.
@@ -142,6 +146,7 @@ class DynamicBatcher(Generic[P, R]):
         self.deterministic = deterministic
         self._on_batch = on_batch
         self._arrivals = arrivals
+        self._on_thread_start = on_thread_start
         self._name = name
         self._pending: list[_Item[P, R]] = []  # arrival order
         self._background: list[_Item[P, R]] = []  # arrival order; runs only when _pending is empty
@@ -317,6 +322,11 @@ class DynamicBatcher(Generic[P, R]):
         return [item for item in batch if item.future.set_running_or_notify_cancel()]
 
     def _worker(self) -> None:
+        if self._on_thread_start is not None:
+            try:
+                self._on_thread_start()
+            except Exception:  # a slower thread is better than no worker: callers would hang forever
+                logger.exception("batch worker start hook failed")
         while True:
             with self._cond:
                 while not self._pending and not self._closing and not self._background_may_run():

@@ -88,7 +88,9 @@ _DECAY_FLOOR = 1e-30
 _PACKED_SEQUENCE_KWARGS = ("cu_seqlens", "seq_idx")
 
 
-def configure_cpu_threads(num_threads: int | None = None, *, flush_denormal: bool = True) -> int:
+def configure_cpu_threads(
+    num_threads: int | None = None, *, flush_denormal: bool = True, start_pool: bool = True
+) -> int:
     """Set up torch's CPU threading (and denormal flushing) for inference; call it at startup.
 
     Prefill is a sequence of large GEMMs and elementwise passes, each already parallel inside
@@ -108,9 +110,20 @@ def configure_cpu_threads(num_threads: int | None = None, *, flush_denormal: boo
     again in the calling thread: model code runs under :func:`flush_denormals`, everything else
     (JSON parsing, rendering) keeps IEEE semantics.
 
+    Each thread that runs a parallel torch operation gets an OpenMP team of its own (GNU OpenMP), and
+    a team that stays alive slows every other: libgomp counts all their threads, and once they outnumber
+    the CPUs it makes idle workers sleep after ~1,000 spins instead of ~300,000, so each of the thousands
+    of small parallel regions of a forward pass pays a futex wake-up. Measured on 2 cores (hidden-512
+    model): a warm request 127-133 ms when one thread does all the compute, 170-210 ms when the main
+    thread had started a team and another thread then computed. So a process whose model runs on a
+    worker thread (``clef serve``, Ray replicas) passes ``start_pool=False`` here and starts the team on
+    that thread with :func:`start_thread_pool`; teams of threads that exit go with them.
+
     Args:
         num_threads: intra-op threads; ``None`` means every CPU in the process's affinity mask.
         flush_denormal: also set flush-to-zero (results differ from IEEE by < 1.2e-38 per value).
+        start_pool: start the calling thread's OpenMP team now (with flush-to-zero): for the thread that
+            will run the model.
 
     Returns:
         The intra-op thread count now in effect (``torch.get_num_threads()``).
@@ -129,16 +142,17 @@ def configure_cpu_threads(num_threads: int | None = None, *, flush_denormal: boo
     # Only allowed before the first inter-op parallel work; later calls keep what is set.
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    if flush_denormal:
-        global _POOL_FLUSHES_DENORMALS
-        with flush_denormals():
-            # Start the OpenMP pool now so its workers copy flush-to-zero into their own MXCSR.
-            torch.mm(torch.ones(256, 256), torch.ones(256, 256))
-        _POOL_FLUSHES_DENORMALS = True
+    if flush_denormal and start_pool:
+        start_thread_pool()
     return torch.get_num_threads()
 
 
-_POOL_FLUSHES_DENORMALS = False
+def start_thread_pool() -> None:
+    """Start the calling thread's OpenMP team with flush-to-zero on, so that its workers copy the flag into
+    their own MXCSR (see :func:`configure_cpu_threads`). Call it first thing on the thread that runs the
+    model; idempotent."""
+    with flush_denormals():
+        torch.mm(torch.ones(256, 256), torch.ones(256, 256))
 
 
 @contextlib.contextmanager

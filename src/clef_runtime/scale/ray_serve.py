@@ -156,6 +156,28 @@ class ReplicaDispatcher:
         self._pool.shutdown(wait=drain, cancel_futures=not drain)
 
 
+def _load_on_a_passing_thread(settings: ServerSettings) -> Any:
+    """Load and warm the engine on a thread that then exits (taking its CPU thread team with it)."""
+    from clef_runtime.server.runtime import load_clef
+
+    outcome: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            engine = load_clef(settings)
+            engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
+            outcome["engine"] = engine
+        except BaseException as exc:  # re-raised on the replica's thread below
+            outcome["error"] = exc
+
+    loader = threading.Thread(target=load, name="clef-replica-loader")
+    loader.start()
+    loader.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["engine"]
+
+
 class ClefModel:
     """One model replica: a Clef engine with its own batcher and state cache."""
 
@@ -164,12 +186,12 @@ class ClefModel:
 
         from clef_runtime.engine.scheduler import DynamicBatcher
         from clef_runtime.model.kernels import configure_cpu_threads
-        from clef_runtime.server.runtime import load_clef
 
-        configure_cpu_threads(threads)
+        # The model runs on the batcher's thread, which starts its own CPU thread team; loading and warm-up
+        # run on a thread that ends, so that no other live thread keeps a team (see model/kernels.py).
+        configure_cpu_threads(threads, start_pool=False)
         self.settings = settings
-        self.engine = load_clef(settings)
-        self.engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
+        self.engine = _load_on_a_passing_thread(settings)
         self.batcher: DynamicBatcher[Any, dict[str, Any]] = DynamicBatcher(
             self.engine.decide_encoded,
             max_queue=settings.max_queue,
@@ -178,6 +200,7 @@ class ClefModel:
             window_s=settings.batch_window_ms / 1000.0,
             deterministic=settings.deterministic,
             background_batch_size=settings.jobs_batch_size,
+            on_thread_start=self.engine.prepare_compute_thread,
         )
         self.batcher.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -106,6 +106,7 @@ def local_batcher(engine: Engine, settings: ServerSettings, runtime: ServerRunti
         on_batch=runtime.metrics.observe_batch,
         arrivals=lambda: runtime._arriving,
         background_batch_size=settings.jobs_batch_size,
+        on_thread_start=engine.prepare_compute_thread,
     )
 
 
