@@ -396,12 +396,15 @@ def test_install_works_on_a_single_layer_and_a_model_without_gdn() -> None:
     assert not kernels_installed(elsewhere)
 
 
-def test_configure_cpu_threads() -> None:
+def test_configure_cpu_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     before = torch.get_num_threads()
+    monkeypatch.setattr(kernels, "_CONFIGURED_THREADS", None)  # restored after the test
     try:
+        assert configure_cpu_threads(flush_denormal=False) >= 1  # nothing set yet: every CPU
         assert configure_cpu_threads(1, flush_denormal=False) == 1
         assert torch.get_num_threads() == 1
-        assert configure_cpu_threads(flush_denormal=False) >= 1
+        # None keeps what was set (a Ray replica's --ray-num-cpus survives the model load's call)
+        assert configure_cpu_threads(flush_denormal=False) == 1
         with pytest.raises(ValueError):
             configure_cpu_threads(0)
     finally:

@@ -526,7 +526,8 @@ class Backbone:
         bf16 on CUDA. ``info``: a `CheckpointInfo` from `verify_checkpoint` (verified here when omitted).
         ``check_memory``: estimate the memory need from the shard headers first and refuse cleanly when it
         does not fit (`clef_runtime.model.memory.InsufficientMemoryError`) instead of being killed halfway.
-        ``threads``: torch's intra-op thread count (default: one per core the process may use).
+        ``threads``: torch's intra-op thread count (default: what `configure_cpu_threads` set earlier in the
+        process, else one per core the process may use).
         ``weights`` (CPU, fp32 compute only): ``"fp32"``, ``"bf16-storage"`` (linear weights kept in bf16,
         each matmul computed in fp32: half the memory) or ``"auto"`` (fp32 when it fits in the available
         memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the

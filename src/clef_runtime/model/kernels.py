@@ -120,7 +120,8 @@ def configure_cpu_threads(
     that thread with :func:`start_thread_pool`; teams of threads that exit go with them.
 
     Args:
-        num_threads: intra-op threads; ``None`` means every CPU in the process's affinity mask.
+        num_threads: intra-op threads; ``None`` means the count an earlier call set (a Ray replica sets
+            its ``--ray-num-cpus`` before the model loads), else every CPU in the process's affinity mask.
         flush_denormal: also set flush-to-zero (results differ from IEEE by < 1.2e-38 per value).
         start_pool: start the calling thread's OpenMP team now (with flush-to-zero): for the thread that
             will run the model.
@@ -131,6 +132,9 @@ def configure_cpu_threads(
     Raises:
         ValueError: if ``num_threads`` is given and is smaller than 1.
     """
+    global _CONFIGURED_THREADS
+    if num_threads is None and _CONFIGURED_THREADS is not None:
+        num_threads = _CONFIGURED_THREADS
     if num_threads is None:
         try:
             num_threads = len(os.sched_getaffinity(0))
@@ -138,6 +142,7 @@ def configure_cpu_threads(
             num_threads = os.cpu_count() or 1
     if num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+    _CONFIGURED_THREADS = num_threads
     torch.set_num_threads(num_threads)
     # Only allowed before the first inter-op parallel work; later calls keep what is set.
     with contextlib.suppress(RuntimeError):
@@ -145,6 +150,9 @@ def configure_cpu_threads(
     if flush_denormal and start_pool:
         start_thread_pool()
     return torch.get_num_threads()
+
+
+_CONFIGURED_THREADS: int | None = None
 
 
 def start_thread_pool() -> None:
