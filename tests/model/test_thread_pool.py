@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import json, os, threading
+import json, os, threading, time
 from clef_runtime.model.kernels import configure_cpu_threads, start_thread_pool
 
 def os_threads():
@@ -32,6 +32,11 @@ def worker():
 thread = threading.Thread(target=worker)
 thread.start()
 thread.join()
+# join() returns when the Python thread is done; the OS threads (it and its team) finish exiting just
+# after, so wait for them (bounded) instead of counting at once.
+deadline = time.monotonic() + 30
+while os_threads() > counts["configured without a team"] and time.monotonic() < deadline:
+    time.sleep(0.05)
 counts["after the worker ended"] = os_threads()
 start_thread_pool()
 counts["main team"] = os_threads()
