@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from clef_runtime.options import option_table_markdown
-from clef_runtime.server.settings import ALL_SERVE_OPTIONS
+from clef_runtime.serve_command import ALL_SERVE_OPTIONS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN, END = "<!-- options:begin (scripts/options_table.py --write) -->", "<!-- options:end -->"

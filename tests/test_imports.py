@@ -1,5 +1,5 @@
 """The package's import graph, read from the source with ``ast``: no cycles, and every import points down the
-layers protocol -> encoding -> vision -> model -> engine -> server and CLI.
+layers protocol -> encoding -> vision -> model -> engine -> server -> scale -> CLI and the serve command.
 
 Every import counts: module level, inside functions and under ``TYPE_CHECKING`` (a function-level import is
 still a dependency; it only hides a cycle until the function runs).
@@ -17,15 +17,18 @@ PACKAGE = "clef_runtime"
 ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 # Rank of each part of the package: an import may only go to the same rank or lower.
-# version, options, release (a checkpoint's file layout) and shards (the one shard reader) are leaves every
-# layer may read; the package root re-exports the engine's Clef. jobs (the durable job store and the runner
-# that feeds the engine's background lane) sits with the engine; scale (Ray Serve replicas and routing, built
-# from the server's runtime) and evaluation (measuring a loaded engine on labelled cases) sit with the server.
+# version, options, release (a checkpoint's file layout), shards (the one shard reader) and logs (the log
+# format) are leaves every layer may read; the package root re-exports the engine's Clef. jobs (the durable
+# job store and the runner that feeds the engine's background lane) sits with the engine; evaluation
+# (measuring a loaded engine on labelled cases) sits with the server. scale (Ray Serve replicas and routing)
+# is built from the server's runtime, above it: the server never knows how it is scaled out. The entry points
+# (the CLI, the serve command, the quick bench) are on top.
 RANKS = {
     "version": 0,
     "options": 0,
     "release": 0,
     "shards": 0,
+    "logs": 0,
     "protocol": 1,
     "encoding": 2,
     "vision": 3,
@@ -33,11 +36,12 @@ RANKS = {
     "engine": 5,
     "jobs": 5,
     "server": 6,
-    "scale": 6,
     "evaluation": 6,
-    "cli": 7,
-    "bench": 7,
-    "": 7,
+    "scale": 7,
+    "cli": 8,
+    "serve_command": 8,
+    "bench": 8,
+    "": 8,
 }
 
 
@@ -151,9 +155,32 @@ def test_imports_point_down_the_layers(module: str) -> None:
     assert not upward, f"{module} (layer {_layer(module) or 'root'}) imports a higher layer: {upward}"
 
 
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((m, n) for m, edges in graph.items() for n in edges if RANKS[_layer(n)] > RANKS[_layer(m)])
+
+
 def test_the_server_and_the_cli_do_not_import_each_other_backwards() -> None:
     server = [name for name in MODULES if _layer(name) == "server"]
-    assert not [(m, n) for m in server for n in GRAPH[m] if _layer(n) in ("cli", "bench", "")]
+    assert not [
+        (m, n) for m in server for n in GRAPH[m] if _layer(n) in ("cli", "serve_command", "bench", "")
+    ]
+
+
+def test_the_server_never_imports_the_scale_out() -> None:
+    assert RANKS["server"] < RANKS["scale"] < RANKS["serve_command"]
+    assert "clef_runtime.server.runtime" in GRAPH["clef_runtime.scale.ray_serve"]  # scale builds on server
+    assert not [
+        (m, n) for m, edges in GRAPH.items() if _layer(m) == "server" for n in edges if _layer(n) == "scale"
+    ]
+    # The layer check itself refuses such an import.
+    wrong = {name: set(edges) for name, edges in GRAPH.items()}
+    wrong["clef_runtime.server.app"].add("clef_runtime.scale.ray_serve")
+    assert ("clef_runtime.server.app", "clef_runtime.scale.ray_serve") in _upward(wrong)
+    assert not _upward(GRAPH)
+
+
+def test_every_module_has_a_layer() -> None:
+    assert not [name for name in MODULES if _layer(name) not in RANKS]
 
 
 def test_the_protocol_never_reaches_torch() -> None:

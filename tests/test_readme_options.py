@@ -25,7 +25,7 @@ def test_the_readme_lists_every_serve_option_as_the_code_defines_it() -> None:
 
 
 def test_the_table_has_a_row_per_option_with_its_flag_and_variable() -> None:
-    from clef_runtime.server.settings import ALL_SERVE_OPTIONS
+    from clef_runtime.serve_command import ALL_SERVE_OPTIONS
 
     rows = _options_table_script().table().splitlines()[2:]
     assert len(rows) == len(ALL_SERVE_OPTIONS)

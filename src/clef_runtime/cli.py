@@ -1,18 +1,20 @@
-"""The ``clef`` command: encode, decide, serve, make-tiny, bench, eval, calibrate, compare.
+"""The ``clef`` command: encode, decide, serve, make-tiny, bench, eval, calibrate, compare, jobs.
 
-Invalid input exits with status 2 and one line on stderr naming the field; heavy imports (torch) happen only
-in the subcommands that need them.
+Invalid input exits with status 2 and one line on stderr naming the field (an unknown flag names the flag
+and the closest known one); heavy imports (torch) happen only in the subcommands that need them.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from clef_runtime.options import (
     ENCODE_OPTION_FIELDS,
@@ -25,11 +27,45 @@ from clef_runtime.options import (
 )
 from clef_runtime.protocol.errors import ClefError, RequestValidationError, format_loc
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from clef_runtime.encoding.encoder import Encoder
+    from clef_runtime.engine.preparer import RequestPreparer
+
+__all__ = ["build_parser", "main"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+INPUT_HELP = "the request file (JSON), or - for stdin (the default); with --jsonl, one request per line"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2.
+
+    An unknown flag is refused by the (sub)command that sees it, naming the flag and the closest known one:
+    left to the top-level parser, ``--weigths fp32 FILE`` reads ``fp32`` as the input file and reports the
+    flag together with the real file, under the usage of the wrong command.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return parsed, extras
+
+    def _unrecognized(self, extras: Sequence[str]) -> str:
+        flags = [item.split("=", 1)[0] for item in extras if item.startswith("-") and item != "-"]
+        if not flags:
+            return f"unexpected argument {extras[0]!r}"
+        known = [flag for action in self._actions for flag in action.option_strings]
+        close = difflib.get_close_matches(flags[0], known, n=1)
+        return f"unknown flag {flags[0]}" + (f": did you mean {close[0]}?" if close else "")
 
 
 def _error_line(exc: ClefError) -> str:
@@ -39,15 +75,12 @@ def _error_line(exc: ClefError) -> str:
     return f"error: {exc.message}"
 
 
-def _error_object(exc: ClefError) -> dict[str, Any]:
+def _error_object(exc: ClefError, line: int) -> dict[str, Any]:
+    """The ``--jsonl`` output line of a request that failed: the error and the input line it answers."""
     if isinstance(exc, RequestValidationError):
-        return {
-            "error": {
-                "type": exc.error_type,
-                "detail": [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors],
-            }
-        }
-    return {"error": {"type": exc.error_type, "message": exc.message}}
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors]
+        return {"error": {"type": exc.error_type, "detail": detail}, "line": line}
+    return {"error": {"type": exc.error_type, "message": exc.message}, "line": line}
 
 
 class InputFileError(Exception):
@@ -84,7 +117,8 @@ def _reject_constant(name: str) -> Any:
 
 def _read_requests(stream: IO[str], jsonl: bool) -> Iterator[tuple[int, Any]]:
     """Yield (line number, decoded JSON or a RequestValidationError) for each request of ``stream`` (closed
-    at the end unless it is stdin). Raises :class:`InputFileError` when the text is not UTF-8."""
+    at the end unless it is stdin). With ``jsonl`` every line is one item, a blank one too (an error), so
+    output line N always answers input line N. Raises :class:`InputFileError` when the text is not UTF-8."""
     name = getattr(stream, "name", "input")
     try:
         if not jsonl:
@@ -93,6 +127,13 @@ def _read_requests(stream: IO[str], jsonl: bool) -> Iterator[tuple[int, Any]]:
         for number, line in enumerate(stream, start=1):
             if line.strip():
                 yield number, _decoded(line)
+            else:
+                yield (
+                    number,
+                    RequestValidationError.single(
+                        (), "the line is blank: --jsonl takes one request on every line", "blank_line"
+                    ),
+                )
     except UnicodeDecodeError as exc:
         raise InputFileError(f"cannot read {name}: it is not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
@@ -111,12 +152,12 @@ def _run_per_request(
 ) -> int:
     """Apply ``handle`` to each request of ``stream`` and print the results (one JSON per line with --jsonl).
 
-    Without --jsonl an invalid request exits 2 with one line on stderr; with --jsonl an ``{"error"}`` line
-    is written and the rest continue (exit 2 at the end if any failed).
+    Without --jsonl an invalid request exits 2 with one line on stderr; with --jsonl an ``{"error", "line"}``
+    line is written and the rest continue (exit 2 at the end if any failed).
     """
     failed = False
     out = sys.stdout
-    for _number, item in _read_requests(stream, args.jsonl):
+    for number, item in _read_requests(stream, args.jsonl):
         try:
             if isinstance(item, ClefError):
                 raise item
@@ -126,7 +167,7 @@ def _run_per_request(
                 print(_error_line(exc), file=sys.stderr)
                 return EXIT_USAGE
             failed = True
-            out.write(json.dumps(_error_object(exc), ensure_ascii=False) + "\n")
+            out.write(json.dumps(_error_object(exc, number), ensure_ascii=False) + "\n")
             continue
         if args.jsonl or not pretty:
             out.write(json.dumps(result, ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -136,44 +177,89 @@ def _run_per_request(
     return EXIT_USAGE if failed else EXIT_OK
 
 
+class _RequestEncoder:
+    """``clef encode``'s step for one request.
+
+    A request with images goes through the engine's `RequestPreparer` (what the server runs: decode,
+    preprocess in the ``--image-mode``, pads, spans), built on the first such request because it imports
+    torch; a text request goes through the same encoder alone, so ``clef encode`` of text starts fast.
+    """
+
+    def __init__(self, encoder: Encoder, options: EngineOptions, checkpoint_dir: str | None) -> None:
+        self.encoder = encoder
+        self.options = options
+        self.checkpoint_dir = checkpoint_dir
+        self._preparer: RequestPreparer | None = None
+
+    def __call__(self, request: Any) -> dict[str, Any]:
+        from clef_runtime.protocol.images import extract_images
+
+        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
+        if not sources:
+            return self.encoder.encode(body).to_json()
+        return self._image_preparer().prepare(request).record.to_json()
+
+    def _image_preparer(self) -> RequestPreparer:
+        if self._preparer is None:
+            from clef_runtime.engine.images import ImageSettings, load_processor_config
+            from clef_runtime.engine.preparer import RequestPreparer
+
+            try:
+                config = load_processor_config(self.checkpoint_dir) if self.checkpoint_dir else None
+                settings = ImageSettings(
+                    mode=self.options.image_mode,
+                    max_tokens=self.options.image_max_tokens,
+                    processor_config=config,
+                )
+            except ValueError as exc:  # a malformed processor config, an image-token cap below the minimum
+                raise OptionsError(str(exc)) from None
+            self._preparer = RequestPreparer(self.encoder, settings)
+        return self._preparer
+
+
 def _cmd_encode(args: argparse.Namespace) -> int:
     from clef_runtime.encoding.encoder import Encoder
     from clef_runtime.encoding.tokenizer import ClefTokenizer, TokenizerLoadError
 
     options = EngineOptions.from_sources(args, os.environ, fields=ENCODE_OPTION_FIELDS)
     try:
-        tokenizer = ClefTokenizer.load(args.tokenizer)
+        # A directory the user names must hold the tokenizer: falling back to the built-in one would print
+        # another tokenizer's ids without a word.
+        tokenizer = ClefTokenizer.load(args.tokenizer, require_file=args.tokenizer is not None)
     except TokenizerLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"clef encode: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     # The HF tokenizer itself, not the tiktoken fast path: the same ids (tested), and building the fast
     # path's table costs ~1-3 s, more than it saves on the few requests a command line encodes.
     encoder = Encoder(tokenizer, max_length=options.max_length)
     return _run_per_request(
-        args, args.stream, lambda request: encoder.encode(request).to_json(), pretty=False
+        args, args.stream, _RequestEncoder(encoder, options, args.tokenizer), pretty=False
     )
 
 
 def _load_clef(args: argparse.Namespace) -> Any:
+    """The model of ``--model`` with the engine options, or None after one line on stderr when it cannot be
+    loaded. Raises `OptionsError` (a usage error) for a bad option."""
     from clef_runtime.engine.clef import Clef
-
-    model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
-    return Clef.load(model, EngineOptions.from_sources(args, os.environ))
-
-
-def _cmd_decide(args: argparse.Namespace) -> int:
     from clef_runtime.model.checkpoint import CheckpointError
     from clef_runtime.model.memory import InsufficientMemoryError
 
+    model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
     try:
         # Clef.load itself warns (once) when the model is untrained.
-        clef = _load_clef(args)
+        return Clef.load(model, EngineOptions.from_sources(args, os.environ))
     except OptionsError:
         raise
     except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as exc:
         # What Clef.load reports with a complete message: a missing or damaged checkpoint, a failed
         # download, not enough memory, a device torch does not see (ValueError).
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    clef = _load_clef(args)
+    if clef is None:
         return EXIT_FAILURE
     return _run_per_request(args, args.stream, clef.decide)
 
@@ -191,50 +277,31 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from clef_runtime.server.cli import run_serve
+    from clef_runtime.serve_command import run_serve
 
     return run_serve(args)
 
 
-def _cmd_jobs(args: argparse.Namespace) -> int:
-    from clef_runtime.jobs.client import run_jobs
+def _deferred(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand whose module is imported only when it runs (``clef --help`` stays fast)."""
 
-    return run_jobs(args)
+    def run(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module), function)(args))
+
+    return run
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from clef_runtime.bench import run_bench
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
 
     if args.requests < 1 or args.state_words < 0:
         print("clef bench: error: --requests must be at least 1, --state-words at least 0", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        clef = _load_clef(args)
-    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    clef = _load_clef(args)
+    if clef is None:
         return EXIT_FAILURE
     print(json.dumps(run_bench(clef, args.requests, args.state_words), indent=2, default=str))
     return EXIT_OK
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from clef_runtime.evaluation.commands import run_eval
-
-    return run_eval(args)
-
-
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from clef_runtime.evaluation.commands import run_calibrate
-
-    return run_calibrate(args)
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from clef_runtime.evaluation.commands import run_compare
-
-    return run_compare(args)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -247,17 +314,23 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``clef`` argument parser."""
     from clef_runtime.version import __version__
 
-    parser = argparse.ArgumentParser(prog="clef", description="Run Clef decision models.")
-    parser.add_argument("--version", action="version", version=f"clef-runtime {__version__}")
+    parser = _Parser(prog="clef", description="Run Clef decision models.")
+    parser.add_argument(
+        "--version", action="version", version=f"clef-runtime {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     enc = sub.add_parser("encode", help="print the token ids and spans of requests (no model needed)")
     enc.add_argument(
-        "--tokenizer", default=None, metavar="DIR", help="a checkpoint directory with tokenizer.json"
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="a checkpoint directory holding tokenizer.json (and processor_config.json for images); "
+        "default: the built-in Qwen3.5 tokenizer",
     )
     add_option_arguments(enc, [o for o in ENGINE_OPTIONS if o.field in ENCODE_OPTION_FIELDS])
     enc.add_argument("--jsonl", action="store_true", help="one request per line in, one result per line out")
-    enc.add_argument("file", nargs="?", default="-", metavar="FILE|-")
+    enc.add_argument("file", nargs="?", default="-", metavar="FILE|-", help=INPUT_HELP)
     enc.set_defaults(func=_cmd_encode)
 
     dec = sub.add_parser("decide", help="answer requests with a model and print System One responses")
@@ -265,16 +338,23 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument(
         "--jsonl", action="store_true", help="one request per line in, one response per line out"
     )
-    dec.add_argument("file", nargs="?", default="-", metavar="FILE|-")
+    dec.add_argument("file", nargs="?", default="-", metavar="FILE|-", help=INPUT_HELP)
     dec.set_defaults(func=_cmd_decide)
 
     tiny = sub.add_parser("make-tiny", help="write the untrained tiny checkpoint in the release layout")
-    tiny.add_argument("directory")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("directory", metavar="DIR", help="where to write it (created if needed)")
+    tiny.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the random weights (default 0, the built-in tiny model's); "
+        "another seed gives another untrained model",
+    )
     tiny.set_defaults(func=_cmd_make_tiny)
 
     serve = sub.add_parser("serve", help="serve the System One API over HTTP")
-    from clef_runtime.server.cli import add_serve_arguments
+    from clef_runtime.serve_command import add_serve_arguments
 
     add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
@@ -283,40 +363,45 @@ def build_parser() -> argparse.ArgumentParser:
     from clef_runtime.jobs.client import add_jobs_arguments
 
     add_jobs_arguments(jobs)
-    jobs.set_defaults(func=_cmd_jobs)
+    jobs.set_defaults(func=_deferred("clef_runtime.jobs.client", "run_jobs"))
 
-    bench = sub.add_parser(
-        "bench", help="quick throughput of a loaded model (benchmarks/ has the full suite)"
-    )
     from clef_runtime.bench import add_bench_arguments
-
-    add_engine_arguments(bench)
-    add_bench_arguments(bench)
-    bench.set_defaults(func=_cmd_bench)
-
     from clef_runtime.evaluation.arguments import (
         add_calibrate_arguments,
         add_compare_arguments,
         add_eval_arguments,
     )
 
-    evaluate = sub.add_parser(
-        "eval", help="measure accuracy and calibration on a labelled case file (a model or a server URL)"
-    )
-    add_engine_arguments(evaluate)
-    add_eval_arguments(evaluate)
-    evaluate.set_defaults(func=_cmd_eval)
-
-    calibrate = sub.add_parser(
-        "calibrate", help="fit temperatures on a labelled case file (calibration.json)"
-    )
-    add_engine_arguments(calibrate)
-    add_calibrate_arguments(calibrate)
-    calibrate.set_defaults(func=_cmd_calibrate)
+    evaluation = "clef_runtime.evaluation.commands"
+    model_commands: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Any]] = [
+        (
+            "bench",
+            "quick throughput of a loaded model (benchmarks/ has the full suite)",
+            add_bench_arguments,
+            _cmd_bench,
+        ),
+        (
+            "eval",
+            "measure accuracy and calibration on a labelled case file (a model or a server URL)",
+            add_eval_arguments,
+            _deferred(evaluation, "run_eval"),
+        ),
+        (
+            "calibrate",
+            "fit temperatures on a labelled case file (calibration.json)",
+            add_calibrate_arguments,
+            _deferred(evaluation, "run_calibrate"),
+        ),
+    ]
+    for name, help_text, add_own_arguments, run in model_commands:
+        command = sub.add_parser(name, help=help_text)
+        add_engine_arguments(command)
+        add_own_arguments(command)
+        command.set_defaults(func=run)
 
     compare = sub.add_parser("compare", help="how far two models, modes or servers drift on the same cases")
     add_compare_arguments(compare)
-    compare.set_defaults(func=_cmd_compare)
+    compare.set_defaults(func=_deferred(evaluation, "run_compare"))
     return parser
 
 
@@ -325,7 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Only `clef bench` pays for importing its module (torch): `clef --help` and `clef encode` start fast.
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or --version (status 0), or a usage error already printed (2)
+        return int(exc.code or 0)
     if args.command in ("encode", "decide"):
         # Before any heavy import or model load: a wrong path fails at once.
         try:

@@ -1,9 +1,12 @@
 """`clef serve --ray` on a local 2-replica Ray Serve cluster of the tiny model (a real server process with a
-local Ray head on 127.0.0.1): state affinity, spreading, a replica killed mid-load, a clean stop."""
+local Ray head on 127.0.0.1), one cluster for the whole module: state affinity, spreading, every info and
+page route, the state cache on /metrics, a clean log, a replica killed with a request in flight on it, a
+clean stop."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,12 +27,27 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_PROCESS_MARKERS = ("ray::", "raylet", "gcs_server", "ray/dashboard", "ray/autoscaler")
+INFO_ROUTES = ("/health", "/ready", "/v1/models", "/status", "/status.json", "/metrics", "/docs", "/")
+QUIET_ROUTES = ("/health", "/ready", "/metrics", "/status.json")  # logged at debug level only
+# Ray Serve's own access log: "... -- GET / 200 5.7ms", the ingress's route for every path.
+SERVE_ACCESS_LINE = re.compile(r" -- (GET|POST|HEAD) /\S* \d{3} [\d.]+ms")
 
 
 @dataclass
 class RayServer:
     process: subprocess.Popen[bytes]
     url: str
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 60) -> None:
+        """Until ``text`` is in the log (Ray forwards the replicas' lines a moment after they are written)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log_text():
+            assert time.monotonic() < deadline, f"{text!r} not in the log:\n{self.log_text()[-4000:]}"
+            time.sleep(0.5)
 
 
 def ray_processes() -> list[str]:
@@ -59,12 +78,21 @@ def replica_pids() -> list[int]:
     return pids
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.fixture(scope="module")
 def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
     assert not ray_processes(), "Ray is already running on this machine"
     port = free_port()
-    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    directory = tmp_path_factory.mktemp("ray")
+    log = directory / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    for name in ("RAY_COLOR_PREFIX", "RAY_DEDUP_LOGS"):  # the server's own defaults are under test
+        env.pop(name, None)
     command = [
         sys.executable,
         "-m",
@@ -76,29 +104,30 @@ def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
         "--model",
         "tiny",
     ]
+    options = ["--port", str(port), "--cache-mb", "64", "--jobs-db", str(directory / "jobs.sqlite3")]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [*command, "--model", "tiny", "--port", str(port), "--cache-mb", "64"],
+            [*command, *options],
             cwd=REPO,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # signals from the test reach this process only
         )
-    url = f"http://127.0.0.1:{port}"
+    server = RayServer(process, f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + 300
         while True:
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            assert process.poll() is None, server.log_text()[-4000:]
+            assert time.monotonic() < deadline, server.log_text()[-4000:]
             try:
-                ready = httpx.get(url + "/ready", timeout=5)
+                ready = httpx.get(server.url + "/ready", timeout=5)
                 if ready.status_code == 200 and ready.json()["replicas"]["up"] == 2:
                     break
             except httpx.TransportError:
                 pass
             time.sleep(1)
-        yield RayServer(process, url)
+        yield server
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -109,11 +138,22 @@ def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
                 process.wait(10)
 
 
+def post(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url + "/v1/systemone", json=body, timeout=240)
+
+
 def decide(url: str, state: str, question: str) -> httpx.Response:
     body = {"state": state, "questions": {question: {"type": "noul", "instructions": f"Is it {question}?"}}}
-    response = httpx.post(url + "/v1/systemone", json=body, timeout=120)
+    response = post(url, body)
     assert response.status_code == 200, response.text
     return response
+
+
+def status_of(server: RayServer) -> dict[str, Any]:
+    response = httpx.get(server.url + "/status.json", timeout=30)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
 
 
 def test_one_state_goes_to_one_replica_and_hits_after_the_first(ray_server: RayServer) -> None:
@@ -131,8 +171,14 @@ def test_one_state_goes_to_one_replica_and_hits_after_the_first(ray_server: RayS
     )
     assert other.status_code == 200 and other.headers["x-clef-replica"] in replicas
     assert other.headers["x-clef-state-cache"] == "hit"
-    metrics = httpx.get(ray_server.url + "/metrics", timeout=10).text
-    assert f'clef_replica_requests_total{{replica="{replicas.pop()}",state_cache="hit"}} 4.0' in metrics
+    (replica,) = replicas
+    metrics = httpx.get(ray_server.url + "/metrics", timeout=30).text
+    assert f'clef_replica_requests_total{{replica="{replica}",state_cache="hit"}} 4.0' in metrics
+    # The replica's own state cache, as of its latest answer: the same figures on /metrics and /status.json.
+    hits = re.search(rf'^clef_cache_hits_total\{{replica="{replica}"\}} ([\d.]+)$', metrics, re.MULTILINE)
+    assert hits is not None and float(hits.group(1)) >= 4, metrics
+    reports = {report["replica"]: report for report in status_of(ray_server)["replicas"]["reports"]}
+    assert reports[replica]["state_cache"]["hits"] == float(hits.group(1))
 
 
 def test_distinct_states_spread_over_both_replicas(ray_server: RayServer) -> None:
@@ -142,30 +188,89 @@ def test_distinct_states_spread_over_both_replicas(ray_server: RayServer) -> Non
         )
     counts = Counter(r.headers["x-clef-replica"] for r in responses)
     assert len(counts) == 2 and min(counts.values()) >= 3
-    ready = httpx.get(ray_server.url + "/ready", timeout=10).json()
+    ready = httpx.get(ray_server.url + "/ready", timeout=30).json()
     assert ready["replicas"] == {"up": 2, "target": 2}
 
 
-def test_a_replica_killed_mid_load_loses_no_request(ray_server: RayServer) -> None:
-    pids = replica_pids()
-    assert len(pids) == 2
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(decide, ray_server.url, f"load state {i} " * 40, "q") for i in range(24)]
-        time.sleep(0.5)
-        os.kill(pids[0], signal.SIGKILL)
-        responses = [f.result(240) for f in futures]  # decide() asserts every one is 200
-    assert len(responses) == 24
-    # Serve replaces the dead replica; /ready reports the replicas that are up meanwhile.
+def test_every_info_and_page_route_answers(ray_server: RayServer) -> None:
+    for number, path in enumerate(INFO_ROUTES):
+        response = httpx.get(ray_server.url + path, headers={"x-request-id": f"probe-{number}"}, timeout=30)
+        assert response.status_code == 200, (path, response.text)
+        # One request id, the client's, on every response (Ray Serve's proxy sets it; the app does not).
+        assert response.headers.get_list("x-request-id") == [f"probe-{number}"], (path, response.headers)
+        assert response.headers["x-typesafe-request-id"] == f"probe-{number}"
+        if path not in QUIET_ROUTES:  # the app's request line names the real path, not the ingress's "/"
+            ray_server.wait_for_log(f"request_id=probe-{number} GET {path} status=200")
+    model = httpx.get(ray_server.url + "/v1/models", timeout=30).json()["data"][0]
+    assert (model["id"], model["confidence"], model["owned_by"]) == ("tiny", "seed", "clef-runtime")
+    status = status_of(ray_server)
+    assert (status["state"], status["device"], status["weights"], status["untrained"]) == (
+        "ready",
+        "cpu",
+        "fp32",
+        True,
+    )
+    # Both replicas have answered (the tests above): each one's process and cache, and their sum.
+    replicas = status["replicas"]
+    assert (replicas["up"], replicas["target"]) == (2, 2)
+    assert sorted(report["pid"] for report in replicas["reports"]) == sorted(replica_pids())
+    assert status["state_cache"]["misses"] == sum(r["state_cache"]["misses"] for r in replicas["reports"])
+    metrics = httpx.get(ray_server.url + "/metrics", timeout=30).text
+    for report in replicas["reports"]:
+        assert f'clef_cache_misses_total{{replica="{report["replica"]}"}}' in metrics
+    log = ray_server.log_text()
+    assert "\x1b[" not in log  # no ANSI colour codes
+    assert not SERVE_ACCESS_LINE.search(log), SERVE_ACCESS_LINE.search(log)
+
+
+def test_a_replica_killed_with_a_request_in_flight_loses_no_request(ray_server: RayServer) -> None:
+    url = ray_server.url
+    pids = {report["replica"]: report["pid"] for report in status_of(ray_server)["replicas"]["reports"]}
+    assert sorted(pids.values()) == sorted(replica_pids())
+    state = "The parcel arrived damaged and the customer asks for a replacement, not a refund. " * 3
+    victim = decide(url, state, "warm").headers["x-clef-replica"]  # the state's owner, by affinity
+    (survivor,) = set(pids) - {victim}
+    # The same state goes to the same replica; thousands of words of instructions keep it busy for seconds.
+    slow = {"state": state, "questions": {"slow": {"type": "noul", "instructions": "Is it damaged? " * 3500}}}
+    others = [
+        {"state": f"another state {i}", "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}
+        for i in range(8)
+    ]
+    with ThreadPoolExecutor(len(others) + 1) as pool:
+        used_before = cpu_seconds(pids[victim])
+        slow_future = pool.submit(post, url, slow)
+        # In flight: sent to a replica by the ingress, and the victim computing (its CPU time rising).
+        deadline = time.monotonic() + 120
+        while status_of(ray_server)["queue_depth"] < 1 or cpu_seconds(pids[victim]) - used_before < 0.5:
+            assert not slow_future.done(), "the slow request finished before the replica could be killed"
+            assert time.monotonic() < deadline, "the slow request never ran on its replica"
+            time.sleep(0.05)
+        other_futures = [pool.submit(post, url, body) for body in others]
+        os.kill(pids[victim], signal.SIGKILL)
+        assert not slow_future.done()
+        answers = [future.result(300) for future in (slow_future, *other_futures)]
+    # Nothing accepted is lost: every request has an answer, or a 503 that says when to retry.
+    for answer in answers:
+        assert answer.status_code == 200 or (answer.status_code == 503 and "retry-after" in answer.headers), (
+            answer.status_code,
+            answer.text,
+        )
+    # The slow request was running on the victim when it died: the survivor computed it again.
+    assert answers[0].status_code == 200, answers[0].text
+    assert answers[0].headers["x-clef-replica"] == survivor
+    ray_server.wait_for_log("a replica died with a request in flight")
+    # Serve replaces the dead replica; /ready and /status.json report the replicas that are up meanwhile.
     deadline = time.monotonic() + 240
     while True:
-        ready = httpx.get(ray_server.url + "/ready", timeout=10)
-        # Both views must agree: Serve's count and two live replica processes (the replacement's process
-        # title is set a moment after Serve counts it).
+        ready = httpx.get(url + "/ready", timeout=30)
+        reported = {report["replica"] for report in status_of(ray_server)["replicas"]["reports"]}
+        # Serve's count, two live replica processes (the replacement's process title is set a moment after
+        # Serve counts it), and the dead replica's figures gone.
         now = replica_pids()
         up = ready.status_code == 200 and ready.json()["replicas"]["up"] == 2
-        if up and pids[0] not in now and len(now) == 2:
+        if up and pids[victim] not in now and len(now) == 2 and victim not in reported:
             break
-        assert time.monotonic() < deadline, (ready.text, now)
+        assert time.monotonic() < deadline, (ready.text, now, reported)
         time.sleep(1)
 
 
@@ -177,3 +282,7 @@ def test_sigterm_stops_every_process_it_started(ray_server: RayServer) -> None:
     while ray_processes():
         assert time.monotonic() < deadline, ray_processes()
         time.sleep(1)
+    log = ray_server.log_text()
+    assert "clef_runtime.scale: stopped" in log
+    assert "graceful_shutdown failed" not in log and "did not stop cleanly" not in log
+    assert "\x1b[" not in log

@@ -78,6 +78,8 @@ class FakeClef:
 
     untrained = True
     calibration_card = None
+    device = "cpu"
+    weight_mode = "fp32"
 
     def __init__(
         self,
@@ -131,6 +133,9 @@ class FakeClef:
 
     def cache_stats(self) -> dict[str, int]:
         return {}  # no state cache
+
+    def replica_status(self) -> None:
+        return None  # one engine in this process
 
     def prepare_compute_thread(self) -> None:
         self.compute_thread = threading.current_thread().name

@@ -1,5 +1,6 @@
-"""The server's engine contract: the real engine and the fake one both have every member of
-`DecisionEngine`, with the contract's parameters; the server uses nothing else of an engine."""
+"""The server's engine contract: the real engine, the Ray Serve ingress's engine and the fake one all have
+every member of `DecisionEngine`, with the contract's parameters; the server uses nothing else of an
+engine, and never looks an engine's member up by name."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 import clef_runtime.server as server_package
 from clef_runtime.engine.clef import Clef
 from clef_runtime.engine.contract import DecisionEngine
+from clef_runtime.scale.ray_serve import IngressEngine
 from tests.server.fake_engine import FakeClef
 
-METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats", "prepare_compute_thread"]
+METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats", "replica_status", "prepare_compute_thread"]
 ATTRIBUTES = [
     "name",
     "description",
@@ -24,7 +26,10 @@ ATTRIBUTES = [
     "max_length",
     "calibration_card",
     "options",
+    "device",
+    "weight_mode",
 ]
+ENGINES = [Clef, IngressEngine, FakeClef]
 
 
 def _parameters(function: Any) -> list[tuple[str, Any, bool]]:
@@ -42,7 +47,7 @@ def test_the_contract_lists_what_the_test_checks() -> None:
     assert set(DecisionEngine.__annotations__) == set(ATTRIBUTES)
 
 
-@pytest.mark.parametrize("engine_class", [Clef, FakeClef], ids=["Clef", "FakeClef"])
+@pytest.mark.parametrize("engine_class", ENGINES, ids=lambda engine: engine.__name__)
 @pytest.mark.parametrize("method", METHODS)
 def test_methods_match_the_contract(engine_class: type, method: str) -> None:
     implementation = getattr(engine_class, method, None)
@@ -56,9 +61,10 @@ def test_the_fake_engine_has_every_attribute() -> None:
         assert hasattr(engine, name), name
 
 
-def test_the_real_engine_sets_every_attribute() -> None:
-    # Read from Clef.__init__'s source (``self.<name> = ...``), without loading a model.
-    tree = ast.parse(inspect.getsource(Clef.__init__).strip())
+@pytest.mark.parametrize("engine_class", [Clef, IngressEngine], ids=lambda engine: engine.__name__)
+def test_the_real_engines_set_every_attribute(engine_class: type) -> None:
+    # Read from __init__'s source (``self.<name> = ...``), without loading a model or starting Ray.
+    tree = ast.parse(inspect.getsource(engine_class.__init__).strip())
     assigned = {
         node.attr
         for node in ast.walk(tree)
@@ -88,6 +94,34 @@ def test_the_server_uses_only_the_contract() -> None:
     used = _engine_members_used_by_the_server()
     assert "decide_encoded" in used  # the scan sees the server's calls
     assert used <= set(METHODS) | set(ATTRIBUTES), used - set(METHODS) - set(ATTRIBUTES)
+
+
+def _dynamic_lookups_in_the_server() -> list[str]:
+    """``getattr`` / ``hasattr`` calls in server/ on an engine (an object whose expression names one), as
+    ``file:line``."""
+    found = []
+    for path in sorted(Path(server_package.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+                and "engine" in ast.unparse(node.args[0]).lower()
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_the_server_never_looks_an_engine_member_up_by_name() -> None:
+    assert not _dynamic_lookups_in_the_server()
+
+
+def test_the_lookup_scan_sees_a_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "routes.py").write_text("def f(engine):\n    return getattr(engine, 'backbone', None)\n")
+    monkeypatch.setattr(server_package, "__file__", str(tmp_path / "__init__.py"))
+    assert _dynamic_lookups_in_the_server() == ["routes.py:2"]
 
 
 def test_the_batcher_thread_prepares_itself_for_compute(serve_fake: Any) -> None:

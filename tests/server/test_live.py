@@ -23,6 +23,7 @@ import pytest
 
 from tests.server.conftest import LiveServer, free_port
 from tests.server.fake_engine import FakeClef
+from tests.server.helpers import wait_for
 from tests.serving import start_server_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,13 +55,6 @@ def _raw_post(port: int, body: dict[str, Any]) -> socket.socket:
     return sock
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
-
-
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
@@ -76,9 +70,9 @@ def test_a_client_that_disconnects_while_queued_costs_no_compute(
         first = pool.submit(client.post, "/v1/systemone", json={"state": "first", "questions": {"q": NOUL}})
         assert engine.entered.acquire(timeout=10)  # the engine is busy with "first"
         quitter = _raw_post(live.port, {"state": "quitter", "questions": {"q": NOUL}})
-        _wait_for(lambda: runtime.queue_depth() == 1)
+        wait_for(lambda: runtime.queue_depth() == 1)
         quitter.close()
-        _wait_for(lambda: _metric(client.get("/metrics").text, "clef_client_disconnects_total") == 1)
+        wait_for(lambda: _metric(client.get("/metrics").text, "clef_client_disconnects_total") == 1)
         engine.gate.set()
         assert first.result(10).status_code == 200
         after = client.post("/v1/systemone", json={"state": "after", "questions": {"q": NOUL}})
@@ -108,7 +102,7 @@ def test_a_client_that_disconnects_while_running_does_not_disturb_the_server(
 SERVE_FAKE = textwrap.dedent(
     """
     import sys
-    from clef_runtime.server.cli import configure_logging, serve
+    from clef_runtime.serve_command import configure_logging, serve
     from clef_runtime.server.settings import ServerSettings
     from tests.server.fake_engine import FakeClef
     configure_logging("info")
@@ -144,7 +138,7 @@ def test_sigterm_finishes_accepted_requests_then_exits_0() -> None:
         with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=url, timeout=30) as probe:
             futures = [pool.submit(httpx.post, url + "/v1/systemone", json=b, timeout=30) for b in bodies]
             # Accepted = the server is handling all 8 (the probe's own request is the 9th in flight).
-            _wait_for(lambda: _metric(probe.get("/metrics").text, "clef_inflight_requests") >= 9)
+            wait_for(lambda: _metric(probe.get("/metrics").text, "clef_inflight_requests") >= 9)
             process.send_signal(signal.SIGTERM)
             responses = [f.result(30) for f in futures]
         assert [r.status_code for r in responses] == [200] * 8

@@ -46,7 +46,7 @@ def test_serve_without_network_logs_one_line_saying_what_to_do_and_exits_1(tmp_p
 
 HUB_WARNING = """
 import logging
-from clef_runtime.server.cli import configure_logging
+from clef_runtime.serve_command import configure_logging
 from huggingface_hub.utils import logging as hub_logging
 
 configure_logging("info")

@@ -213,6 +213,10 @@ class Clef:
         )
         self.release_date = "2026-11-29" if self.untrained else CLEF_FLASH_RELEASE_DATE
         self.last_timings = DecisionTimings()
+        self.device = str(backbone.device)
+        """Where the model runs (``cpu``, ``cuda:0``)."""
+        self.weight_mode = backbone.weight_mode
+        """How the backbone's weights are stored (``fp32``, ``bf16-storage``, ``int8``, ...)."""
         self._counters = _Counters()
         self._model_lock = threading.Lock()
         # The constant prompt prefix is the starting point of every cold row: computed once, kept for good
@@ -306,6 +310,10 @@ class Clef:
         (tokens not run thanks to a cached or shared state, the 36-token prompt prefix included),
         ``reused_tokens`` (image and state tokens taken from the cache, summed over requests)."""
         return self.state_cache.stats()
+
+    def replica_status(self) -> None:
+        """None: this engine computes in this process (no replicas)."""
+        return None
 
     def prepare_compute_thread(self) -> None:
         """Start the calling thread's CPU thread team (with flush-to-zero) before it runs the model: call it

@@ -1,20 +1,22 @@
-"""What the server needs of an engine, and nothing more: the contract `clef_runtime.engine.clef.Clef` and the
-tests' fake engine both implement.
+"""What the server needs of an engine, and nothing more: the contract `clef_runtime.engine.clef.Clef`, the
+Ray Serve ingress's engine (`clef_runtime.scale.ray_serve.IngressEngine`) and the tests' fake engine all
+implement.
 
 The server never reaches past this protocol (no optional methods looked up with ``getattr``), so a new
 engine, or a fake one, is complete when it has every member below. ``tests/server/test_engine_contract.py``
-checks that both implementations have every member with the same parameters.
+checks that every implementation has every member with the same parameters.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 
-__all__ = ["DecisionEngine", "EncodedRow", "PreparedItem"]
+__all__ = ["DecisionEngine", "EncodedRow", "PreparedItem", "ReplicaReport", "ReplicaStatus"]
 
 
 class EncodedRow(Protocol):
@@ -48,6 +50,30 @@ class PreparedItem(Protocol):
 PreparedT = TypeVar("PreparedT", bound=PreparedItem)
 
 
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One model replica of a scale-out engine, as of its latest answer."""
+
+    replica: str
+    """Its id (what responses name in ``X-Clef-Replica``)."""
+    pid: int
+    """Its process id, on its own machine."""
+    cache: Mapping[str, int]
+    """Its state-cache counters (`DecisionEngine.cache_stats` of its engine)."""
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """The model replicas behind a scale-out engine."""
+
+    up: int
+    """Replicas running now."""
+    target: int
+    """Replicas there should be."""
+    reports: tuple[ReplicaReport, ...] = ()
+    """The running replicas that have answered at least once."""
+
+
 class DecisionEngine(Protocol[PreparedT]):
     """A loaded model as the server uses it. ``PreparedT``: the engine's own prepared-request type; the
     server passes back exactly what `prepare` returned."""
@@ -64,6 +90,10 @@ class DecisionEngine(Protocol[PreparedT]):
     """The calibration applied to answers (label, file, sha256, temperatures: ``/v1/models``), or None."""
     options: EngineOptions
     """The options the engine was loaded with."""
+    device: str
+    """Where the model runs (``cpu``, ``cuda:0``): ``/status.json``."""
+    weight_mode: str
+    """How the weights are stored and computed (``fp32``, ``bfloat16``, ``bf16-storage``, ``int8``...)."""
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedT:
         """Validate and encode one JSON-decoded System One body (images included) without touching the
@@ -81,7 +111,15 @@ class DecisionEngine(Protocol[PreparedT]):
         ...
 
     def cache_stats(self) -> Mapping[str, int]:
-        """Counters exported on ``/metrics`` as ``clef_cache_*`` (empty for an engine without a cache)."""
+        """Counters exported on ``/metrics`` as ``clef_cache_*`` and shown by ``/status.json`` (empty for an
+        engine without a cache; a scale-out engine sums its running replicas'). May block on a network call:
+        the server calls it off the event loop."""
+        ...
+
+    def replica_status(self) -> ReplicaStatus | None:
+        """The model replicas behind this engine (``/ready``, ``/status.json``, per-replica ``/metrics``), or
+        None for an engine that computes in this process. May block: the server calls it off the event
+        loop."""
         ...
 
     def prepare_compute_thread(self) -> None:

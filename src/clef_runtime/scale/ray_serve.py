@@ -12,51 +12,123 @@ Two deployments form one Ray Serve application:
   gets the request, so a state computed once stays warm.
 
 A request in flight on a replica that dies is retried once on another (decisions have no side effects);
-Ray Serve replaces the replica. Without ``--ray-address`` a local Ray head is started on 127.0.0.1 and
-everything it started is stopped on SIGTERM/SIGINT.
+Ray Serve replaces the replica. Every answer carries its replica's report (process id, state-cache
+counters), which the ingress keeps for ``/status.json`` and ``/metrics``. Without ``--ray-address`` a local
+Ray head is started on 127.0.0.1 and everything it started is stopped on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import threading
+from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
-from clef_runtime.server.runtime import DecisionEngine, Dispatcher, ServerRuntime
+from clef_runtime.logs import configure_logging
+from clef_runtime.options import EngineOptions
+from clef_runtime.scale.settings import RaySettings, split_ray_values
+from clef_runtime.server.errors import ApiError
+from clef_runtime.server.runtime import Dispatcher, Engine, ServerRuntime
 from clef_runtime.server.settings import ServerSettings
 
-__all__ = ["ReplicaDispatcher", "app_builder", "build_application", "run_ray_serve"]
+__all__ = [
+    "IngressEngine",
+    "ReplicaDispatcher",
+    "ReplicaReports",
+    "app_builder",
+    "build_application",
+    "run_ray_serve",
+]
 
 logger = logging.getLogger("clef_runtime.scale")
 
 APP_NAME = "clef"
+MODEL_DEPLOYMENT = "ClefModel"
 _STOP_TIMEOUT_S = 20
+_REPORT = "x_replica_report"
+"""The key of the replica's report in each answer (the ingress takes it out before the client sees it)."""
+_INGRESS_HEADROOM = 64
+"""Requests beyond ``--max-queue`` the ingress takes in (probes, pages, bodies being read): the server's own
+429 decides overload, instead of Ray Serve's proxy queueing requests in front of a busy ingress."""
+
+_RAY_ENVIRONMENT = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray prints each replica's lines behind a "(ServeReplica:... pid=N)" prefix in ANSI colours: plain text.
+    "RAY_COLOR_PREFIX": "0",
+    # Ray folds lines that look alike into "[repeated Nx across cluster]" (in colour): a server log keeps
+    # every request's line.
+    "RAY_DEDUP_LOGS": "0",
+}
+"""Defaults for Ray's own variables (a variable already set wins), read when Ray is imported and started."""
+
+
+class ReplicaReports:
+    """The latest report (process id, state-cache counters) of each model replica, from its answers.
+    Thread-safe: the dispatcher's threads add, the server's info routes read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, ReplicaReport] = {}
+
+    def add(self, report: Mapping[str, Any]) -> None:
+        """Keep ``report`` (``{"replica", "pid", "cache"}``, as `ClefModel.report` makes it) as its
+        replica's latest."""
+        latest = ReplicaReport(str(report["replica"]), int(report["pid"]), dict(report["cache"]))
+        with self._lock:
+            self._latest[latest.replica] = latest
+
+    def running(self, alive: set[str]) -> tuple[ReplicaReport, ...]:
+        """The reports of the replicas in ``alive``, by replica id; the others' are forgotten (a replica
+        that stopped takes its figures with it)."""
+        with self._lock:
+            for replica in set(self._latest) - alive:
+                del self._latest[replica]
+            return tuple(self._latest[replica] for replica in sorted(self._latest))
+
+
+def _alive_model_replicas() -> set[str]:
+    """The ids of the model replicas alive now, from Ray's named actors (Ray Serve names each replica's actor
+    ``SERVE_REPLICA::<app>#<deployment>#<replica id>``)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{APP_NAME}#{MODEL_DEPLOYMENT}#"
+    names = (entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True))
+    return {name.removeprefix(prefix) for name in names if name.startswith(prefix)}
 
 
 class IngressEngine:
-    """What the ingress's server needs of an engine, without the weights: prepare requests (for their state
-    keys and limits), describe the model; ``decide_encoded`` is never called (the dispatcher sends requests
-    to the replicas)."""
+    """The engine contract (`clef_runtime.engine.contract.DecisionEngine`) of the ingress, without the
+    weights: it prepares requests (for their state keys and limits) and describes the model and its
+    replicas; ``decide_encoded`` is never called (the dispatcher sends requests to the replicas)."""
 
-    def __init__(self, settings: ServerSettings, handle: Any) -> None:
+    def __init__(self, settings: ServerSettings, handle: Any, reports: ReplicaReports) -> None:
         from clef_runtime.engine.preparer import RequestPreparer
         from clef_runtime.model.resolve import resolve_model
 
         self.handle = handle
+        self.reports = reports
         # Waits until a replica is up (loaded and warmed): the ingress is ready only then.
         info: dict[str, Any] = handle.describe.remote().result()
         resolved = resolve_model(settings.model)
         self.preparer = RequestPreparer.from_checkpoint(resolved.path, settings.engine_options())
         self.name: str = info["name"]
         self.description: str = info["description"]
-        self.release_date: str = info["release_date"]
+        self.release_date: str | None = info["release_date"]
         self.untrained: bool = info["untrained"]
+        self.max_length: int = info["max_length"]
         self.calibration_card: dict[str, Any] | None = info["calibration_card"]
+        self.options: EngineOptions = info["options"]
+        self.device: str = info["device"]
+        self.weight_mode: str = info["weight_mode"]
+        reports.add(info["report"])
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Any:
         """Validate and encode (the replica encodes again; this copy decides where the request goes)."""
@@ -69,28 +141,37 @@ class IngressEngine:
     def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
         """The replicas warm up themselves before they are ready."""
 
-    def replica_status(self) -> dict[str, int]:
-        """``{"up": running model replicas, "target": how many there should be}``, from Serve's controller."""
+    def prepare_compute_thread(self) -> None:
+        """Nothing to prepare: the ingress computes nothing."""
+
+    def replica_status(self) -> ReplicaStatus:
+        """Running and intended model replicas (from Serve's controller), with the latest report of each
+        running replica that has answered. Blocks on the cluster: call it off the event loop."""
         from ray import serve
 
-        deployment = serve.status().applications[APP_NAME].deployments["ClefModel"]
+        deployment = serve.status().applications[APP_NAME].deployments[MODEL_DEPLOYMENT]
         states = {str(getattr(k, "value", k)): v for k, v in deployment.replica_states.items()}
-        up = states.get("RUNNING", 0)
-        target = getattr(deployment, "target_num_replicas", None) or sum(states.values())
-        return {"up": int(up), "target": int(target)}
+        reports = self.reports.running(_alive_model_replicas())
+        return ReplicaStatus(
+            up=int(states.get("RUNNING", 0)), target=int(sum(states.values())), reports=reports
+        )
 
     def cache_stats(self) -> dict[str, int]:
-        """The state cache of the replica the handle reaches (per-replica figures are in /metrics)."""
-        stats: dict[str, Any] = self.handle.cache_stats.remote().result(timeout_s=5)
-        return {key: value for key, value in stats.items() if isinstance(value, int) and key != "pid"}
+        """The running replicas' state-cache counters, summed (each replica's are in `replica_status`).
+        Blocks on the cluster: call it off the event loop."""
+        totals: Counter[str] = Counter()
+        for report in self.reports.running(_alive_model_replicas()):
+            totals.update(report.cache)
+        return dict(totals)
 
 
 class ReplicaDispatcher:
     """Sends each prepared request to a model replica (the handle's router picks it by state key) and
     retries once on another replica when the one it ran on died. At most ``max_queue`` requests in flight."""
 
-    def __init__(self, handle: Any, settings: ServerSettings) -> None:
+    def __init__(self, handle: Any, settings: ServerSettings, reports: ReplicaReports) -> None:
         self.handle = handle
+        self.reports = reports
         self.max_queue = settings.max_queue
         self._pool = ThreadPoolExecutor(
             max_workers=min(64, settings.max_queue), thread_name_prefix="clef-ray"
@@ -128,12 +209,19 @@ class ReplicaDispatcher:
             try:
                 response = self.handle.decide.remote(prepared, state_key=key, background=background)
                 result: dict[str, Any] = response.result()
+                self.reports.add(result.pop(_REPORT))
                 return result
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-                if attempt == 2:
-                    raise
-                logger.warning("a replica died with a request in flight (%s); retrying on another", exc)
-        raise AssertionError("unreachable")
+                if attempt == 1:
+                    logger.warning("a replica died with a request in flight (%s); retrying on another", exc)
+                    continue
+                logger.warning("the retry's replica died too (%s); answering 503", exc)
+        raise ApiError(
+            503,
+            "not_ready",
+            "no model replica could answer (two died); retry shortly",
+            headers={"Retry-After": "5"},
+        )
 
     @property
     def queue_depth(self) -> int:
@@ -189,6 +277,7 @@ class ClefModel:
 
         # The model runs on the batcher's thread, which starts its own CPU thread team; loading and warm-up
         # run on a thread that ends, so that no other live thread keeps a team (see model/kernels.py).
+        configure_logging(settings.log_level)
         configure_cpu_threads(threads, start_pool=False)
         self.settings = settings
         self.engine = _load_on_a_passing_thread(settings)
@@ -206,29 +295,35 @@ class ClefModel:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def describe(self) -> dict[str, Any]:
-        """The model's name and card."""
+        """What the ingress's engine needs to describe the model (`IngressEngine`), and this replica's
+        report."""
         engine = self.engine
         return {
             "name": engine.name,
             "description": engine.description,
             "release_date": engine.release_date,
             "untrained": bool(engine.untrained),
+            "max_length": engine.max_length,
             "calibration_card": engine.calibration_card,
+            "options": engine.options,
+            "device": engine.device,
+            "weight_mode": engine.weight_mode,
+            "report": self.report(),
         }
 
-    def cache_stats(self) -> dict[str, Any]:
-        """This replica's state-cache counters, with its replica id and process id (``pid``)."""
-        return {**self.engine.cache_stats(), "pid": os.getpid(), "replica": self.replica_id}
+    def report(self) -> dict[str, Any]:
+        """This replica's id, process id and state-cache counters (`ReplicaReports.add` reads it)."""
+        return {"replica": self.replica_id, "pid": os.getpid(), "cache": self.engine.cache_stats()}
 
     async def decide(
         self, prepared: Any, state_key: str | None = None, background: bool = False
     ) -> dict[str, Any]:
         """Answer one prepared request (``state_key`` is read by the router only; ``background``: a
         batch-job line, run only when no interactive request waits). Returns the System One response with
-        ``x_replica``."""
+        ``x_replica`` and this replica's report (taken out by the ingress)."""
         future = self.batcher.submit(prepared, prepared.input_tokens, background=background)
         response = await asyncio.wrap_future(future)
-        return {**response, "x_replica": self.replica_id}
+        return {**response, "x_replica": self.replica_id, _REPORT: self.report()}
 
     def __del__(self) -> None:
         batcher = getattr(self, "batcher", None)
@@ -241,6 +336,8 @@ class ClefIngress:
     ClefModel replicas."""
 
     def __init__(self, model_handle: Any, settings: ServerSettings) -> None:
+        # The app's request lines (with the real path and request id) replace Serve's access log.
+        configure_logging(settings.log_level)
         self.model_handle = model_handle
         self.settings = settings
 
@@ -248,87 +345,117 @@ class ClefIngress:
         from clef_runtime.server.app import create_app
 
         handle = self.model_handle
+        reports = ReplicaReports()
 
-        def engine_factory(settings: ServerSettings) -> DecisionEngine:
-            return IngressEngine(settings, handle)  # type: ignore[return-value]
+        def engine_factory(settings: ServerSettings) -> Engine:
+            return IngressEngine(settings, handle, reports)
 
-        def dispatcher_factory(engine: Any, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
-            return ReplicaDispatcher(handle, settings)
+        def dispatcher_factory(
+            engine: Engine, settings: ServerSettings, runtime: ServerRuntime
+        ) -> Dispatcher:
+            return ReplicaDispatcher(handle, settings, reports)
 
-        return create_app(self.settings, engine_factory=engine_factory, dispatcher_factory=dispatcher_factory)
+        # Serve's proxy puts the request id on every response itself (the same id: it hands it to the app).
+        return create_app(
+            self.settings,
+            engine_factory=engine_factory,
+            dispatcher_factory=dispatcher_factory,
+            send_request_id=False,
+        )
 
 
-def build_application(settings: ServerSettings) -> Any:
+def _serve_logging(settings: ServerSettings) -> Any:
+    """Ray Serve's logging for its controller, proxy and replicas: plain text at the server's level, without
+    Serve's access log (it names every path ``/``, the ingress's route; the app logs each request itself)."""
+    from ray.serve.schema import LoggingConfig
+
+    return LoggingConfig(encoding="TEXT", log_level=settings.log_level.upper(), enable_access_log=False)
+
+
+def build_application(settings: ServerSettings, ray: RaySettings) -> Any:
     """The Ray Serve application (ingress bound to the model deployment) for ``settings``."""
     from ray import serve
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
     from clef_runtime.scale.router import StateAffinityRouter
 
+    logging_config = _serve_logging(settings)
     model_options: dict[str, Any] = {
-        "name": "ClefModel",
-        "ray_actor_options": {"num_cpus": settings.ray_num_cpus, "num_gpus": settings.ray_num_gpus},
+        "name": MODEL_DEPLOYMENT,
+        "ray_actor_options": {"num_cpus": ray.ray_num_cpus, "num_gpus": ray.ray_num_gpus},
         "max_ongoing_requests": max(settings.max_batch_size * 2, 8),
         "health_check_period_s": 2,
+        "logging_config": logging_config,
     }
-    if settings.ray_routing == "state-affinity":
+    if ray.ray_routing == "state-affinity":
         model_options["request_router_config"] = RequestRouterConfig(
             request_router_class=StateAffinityRouter,
-            request_router_kwargs={"max_owner_queue": settings.ray_max_owner_queue},
+            request_router_kwargs={"max_owner_queue": ray.ray_max_owner_queue},
         )
-    if settings.min_replicas is not None or settings.max_replicas is not None:
-        low = settings.min_replicas if settings.min_replicas is not None else 1
-        high = settings.max_replicas if settings.max_replicas is not None else max(low, settings.replicas)
+    if ray.autoscaling:
+        low = ray.min_replicas if ray.min_replicas is not None else 1
+        high = ray.max_replicas if ray.max_replicas is not None else max(low, ray.replicas)
         model_options["autoscaling_config"] = AutoscalingConfig(
             min_replicas=low, max_replicas=high, target_ongoing_requests=settings.max_batch_size
         )
     else:
-        model_options["num_replicas"] = settings.replicas
-    threads = max(1, int(settings.ray_num_cpus)) if settings.ray_num_cpus >= 1 else 1
+        model_options["num_replicas"] = ray.replicas
+    threads = max(1, int(ray.ray_num_cpus)) if ray.ray_num_cpus >= 1 else 1
     model = serve.deployment(ClefModel).options(**model_options).bind(settings, threads)
 
     ingress = serve.deployment(serve.ingress()(ClefIngress)).options(
-        name="ClefIngress", num_replicas=1, ray_actor_options={"num_cpus": 0}
+        name="ClefIngress",
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=settings.max_queue + _INGRESS_HEADROOM,
+        logging_config=logging_config,
     )
     return ingress.bind(model, settings)
 
 
-def run_ray_serve(settings: ServerSettings) -> int:
+def run_ray_serve(settings: ServerSettings, ray_settings: RaySettings) -> int:
     """Start (or join) Ray, deploy, serve until SIGTERM/SIGINT, then stop everything this process started.
     Returns the exit status."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name, value in _RAY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     import ray
     from ray import serve
 
-    local = settings.ray_address is None
+    logger.info("settings: %s; ray: %s", settings.redacted(), dataclasses.asdict(ray_settings))
     init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if local:
+    if ray_settings.ray_address is None:
         init.update(_node_ip_address="127.0.0.1", num_cpus=os.cpu_count() or 1)
     else:
-        init["address"] = settings.ray_address
+        init["address"] = ray_settings.ray_address
     ray.init(**init)
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False)
+        serve.start(
+            http_options={"host": settings.host, "port": settings.port},
+            logging_config=_serve_logging(settings),
+        )
+        serve.run(build_application(settings, ray_settings), name=APP_NAME, route_prefix="/", blocking=False)
         logger.info("Ray Serve application %r on http://%s:%d", APP_NAME, settings.host, settings.port)
         stop.wait()
         logger.info("stopping")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _stop(local)
+        _stop()
     logger.info("stopped")
     return 0
 
 
-def _stop(local: bool) -> None:
-    """Stop what this process started: the application (and, for a local head, Serve and every Ray process).
-    Serve's own shutdown drains the replicas but can hang when a signal to the whole process group (Ctrl-C)
-    already killed the raylet: it gets a bounded time, then Ray is shut down regardless."""
+def _stop() -> None:
+    """Stop what this process started: the application (its replicas drain first), then this process's Ray
+    (for a local head: every Ray process, Serve's controller and proxy with them). Not ``serve.shutdown()``:
+    its controller kills itself inside the call that asked it to stop, and Ray logs that call as failed
+    ("graceful_shutdown failed ... will be retried"). Deleting the application can hang when a signal to the
+    whole process group (Ctrl-C) already killed the raylet: it gets a bounded time, then Ray stops
+    regardless."""
     import ray
     from ray import serve
 
@@ -336,10 +463,7 @@ def _stop(local: bool) -> None:
 
     def graceful() -> None:
         try:
-            if local:
-                serve.shutdown()
-            else:
-                serve.delete(APP_NAME)
+            serve.delete(APP_NAME)
         except Exception as exc:  # the cluster may already be half gone
             logger.warning("Ray Serve did not stop cleanly: %s", exc)
         finally:
@@ -353,11 +477,14 @@ def _stop(local: bool) -> None:
 
 def app_builder(args: dict[str, Any]) -> Any:
     """The application for ``serve run`` / ``serve deploy`` config files
-    (``import_path: clef_runtime.scale.ray_serve:app_builder``): ``args`` holds ``model`` and any server or
-    engine option by its field name (``replicas``, ``ray_num_cpus``, ``cache_mb``, ...). Raises
-    SettingsError for a bad value."""
+    (``import_path: clef_runtime.scale.ray_serve:app_builder``): ``args`` holds ``model`` and any server,
+    engine or scale-out option by its field name (``replicas``, ``ray_num_cpus``, ``cache_mb``, ...).
+    Raises SettingsError for a bad value, TypeError for an unknown name."""
     from clef_runtime.server.settings import server_settings
 
     values = dict(args)
     model = str(values.pop("model"))
-    return build_application(server_settings(model, ray=True, **values))
+    ray_values, server_values = split_ray_values(values)
+    return build_application(
+        server_settings(model, **server_values), RaySettings(**{"ray": True, **ray_values})
+    )

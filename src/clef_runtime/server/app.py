@@ -66,10 +66,17 @@ class RequestContextMiddleware:
     500 body naming the request id for any unhandled exception."""
 
     def __init__(
-        self, app: ASGIApp, metrics: ServerMetrics, route_paths: frozenset[str] = frozenset()
+        self,
+        app: ASGIApp,
+        metrics: ServerMetrics,
+        route_paths: frozenset[str] = frozenset(),
+        send_request_id: bool = True,
     ) -> None:
         self.app = app
         self.metrics = metrics
+        # False behind a proxy that puts the request's id on the response itself (Ray Serve's proxy, which
+        # also hands the id to this app in the request's x-request-id): a second header would repeat it.
+        self.send_request_id = send_request_id
         # Metrics are labelled by route template: a known path, or the template of the matched route (the
         # Workers AI route has path parameters), never the raw path of an unknown URL.
         self.route_paths = route_paths
@@ -90,7 +97,8 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
                 headers = MutableHeaders(scope=message)
-                headers["x-request-id"] = request_id
+                if self.send_request_id:
+                    headers["x-request-id"] = request_id
                 # The official SDKs surface this header in their errors.
                 headers["x-typesafe-request-id"] = request_id
                 headers["x-latency-ms"] = f"{(time.perf_counter() - started) * 1000:.1f}"
@@ -173,14 +181,16 @@ def create_app(
     engine_factory: EngineFactory | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
     dispatcher_factory: DispatcherFactory | None = None,
+    send_request_id: bool = True,
 ) -> FastAPI:
     """Build the server application.
 
     ``engine_factory(settings)`` loads the engine (default: ``Clef.load(settings.model, ...)``); it runs on
     a background thread when the app's lifespan starts. ``dispatcher_factory`` replaces the local batcher
     (scale-out: requests go to model replicas). ``on_fatal(exc)`` is called if loading fails (the
-    CLI uses it to stop the process with a non-zero status). Returns the FastAPI app; its ``state`` holds
-    ``settings``, ``runtime`` and ``metrics``.
+    CLI uses it to stop the process with a non-zero status). ``send_request_id=False`` leaves the
+    ``x-request-id`` response header to a proxy in front that sets it (Ray Serve's). Returns the FastAPI
+    app; its ``state`` holds ``settings``, ``runtime`` and ``metrics``.
     """
     metrics = ServerMetrics()
     runtime = ServerRuntime(
@@ -242,7 +252,9 @@ def create_app(
     route_paths = frozenset(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, route_paths=route_paths)
+    app.add_middleware(
+        RequestContextMiddleware, metrics=metrics, route_paths=route_paths, send_request_id=send_request_id
+    )
     # Outermost: it sees the final headers and bodies, error responses and the 500 body included.
     app.add_middleware(CompressionMiddleware)
     _install_openapi(app)

@@ -11,8 +11,8 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from clef_runtime.server.bodies import decode_content, parse_json, read_body
-from clef_runtime.server.errors import ApiError, error_body
+from clef_runtime.server.bodies import check_content_type, decode_content, parse_json, read_body
+from clef_runtime.server.errors import error_body
 from clef_runtime.server.runtime import Prepared, ServerRuntime
 
 __all__ = [
@@ -28,8 +28,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("clef_runtime.server")
-
-_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 
 
 def _error_doc(description: str) -> dict[str, Any]:
@@ -78,7 +76,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error_doc("Undecodable body (corrupt compression, bad Content-Length)"),
     401: _error_doc("Missing or wrong API key (auth on)"),
     413: _error_doc("Body over --max-body-bytes, or input over the token limit with --on-overflow reject"),
-    415: _error_doc("Unsupported Content-Encoding or form/multipart body"),
+    415: _error_doc("Unsupported Content-Encoding, multipart body, or a form-typed body that is not JSON"),
     422: _VALIDATION_DOC,
     429: _error_doc("Queue full; see Retry-After"),
     500: _error_doc("Internal error; the message names the request id"),
@@ -105,19 +103,13 @@ async def read_json_body(request: Request) -> Any:
     """
     runtime = runtime_of(request)
     limit = runtime.settings.max_body_bytes
-    content_type = request.headers.get("content-type", "").lower()
-    if content_type.startswith(_FORM_TYPES):
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"Content-Type {content_type.split(';')[0]!r} is not supported; send a JSON body "
-            "(image assets / multipart requests are not supported)",
-        )
+    content_type = request.headers.get("content-type")
+    check_content_type(content_type)
     raw = await read_body(request, limit)
     encoding = request.headers.get("content-encoding")
 
     def decode() -> Any:
-        return parse_json(decode_content(raw, encoding, limit))
+        return parse_json(decode_content(raw, encoding, limit), content_type)
 
     # Decompression and parsing of a multi-megabyte body take milliseconds: keep them off the event loop.
     data = await anyio.to_thread.run_sync(decode)

@@ -6,10 +6,11 @@ scanner probing random paths cannot blow up the label set.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from clef_runtime.engine.scheduler import BatchStats
 
-__all__ = ["CONTENT_TYPE", "RecentRequests", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "CacheSeries", "RecentRequests", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -37,36 +38,43 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _CACHE_GAUGES = frozenset({"entries", "points", "bytes", "capacity_bytes"})
 
 
-class _EngineCacheCollector(Collector):
-    """Exports the engine's state-cache statistics when the engine reports them (``cache_stats() -> {name:
-    n}``): sizes (``entries``, ``points``, ``bytes``, ``capacity_bytes``) as gauges ``clef_cache_<name>``,
-    everything else (hits, partials, misses, shared, stores, evictions, tokens_saved, reused_tokens) as
-    counters ``clef_cache_<name>_total``."""
+CacheSeries = Sequence[tuple[Mapping[str, str], Mapping[str, float]]]
+"""The engine's state-cache counters as (labels, counters) pairs: one unlabelled pair for an engine in this
+process, one per model replica (labelled ``replica``) for a scale-out engine."""
 
-    def __init__(self, source: Callable[[], Mapping[str, float] | None]) -> None:
+
+class _EngineCacheCollector(Collector):
+    """Exports the engine's state-cache statistics (``cache_stats() -> {name: n}``, per replica when the
+    engine has replicas): sizes (``entries``, ``points``, ``bytes``, ``capacity_bytes``) as gauges
+    ``clef_cache_<name>``, everything else (hits, partials, misses, shared, stores, evictions, tokens_saved,
+    reused_tokens) as counters ``clef_cache_<name>_total``."""
+
+    def __init__(self, source: Callable[[], CacheSeries]) -> None:
         self._source = source
 
     def collect(self) -> Iterable[Metric]:
         try:
-            stats = self._source() or {}
+            series = list(self._source())
         except Exception:  # a failing engine hook must not break /metrics
-            stats = {}
-        for name, value in sorted(stats.items()):
-            safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(name))
-            family: Metric
-            if safe in _CACHE_GAUGES:
-                family = GaugeMetricFamily(f"clef_cache_{safe}", f"Engine state cache: {name}.")
-            else:
-                family = CounterMetricFamily(f"clef_cache_{safe}", f"Engine state cache: {name}.")
-            family.add_metric([], float(value))
+            series = []
+        label_names = sorted(series[0][0]) if series else []
+        for name in sorted({str(name) for _, stats in series for name in stats}):
+            safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+            kind = GaugeMetricFamily if safe in _CACHE_GAUGES else CounterMetricFamily
+            family = kind(f"clef_cache_{safe}", f"Engine state cache: {name}.", labels=label_names)
+            for labels, stats in series:
+                if name in stats:
+                    family.add_metric([labels[key] for key in label_names], float(stats[name]))
             yield family
 
 
 class RecentRequests:
-    """Exact latency percentiles of the last ``window`` decision requests (the status page's figures).
+    """Exact latency percentiles of the last ``window`` decision requests (the status page's figures), and
+    how many were refused as the client's mistake (4xx) or failed on the server (5xx).
 
     The Prometheus histograms only give bucket bounds (a p50 "between 0.5 and 1 s"); a person reading the
-    status page wants the measured figure, so the last few hundred durations are kept as they are.
+    status page wants the measured figure, so the last few hundred durations are kept as they are. A 4xx
+    (bad input, a wrong key, a full queue) says nothing about the server's health: it is counted apart.
     """
 
     def __init__(self, window: int = 500) -> None:
@@ -74,26 +82,32 @@ class RecentRequests:
         self._seconds: deque[float] = deque(maxlen=window)
         self.total = 0
         """Decision requests finished since start (any status)."""
+        self.rejected = 0
+        """Of those, the ones refused with a 4xx (the request was wrong, unauthorised or over a limit)."""
         self.errors = 0
-        """Of those, the ones answered with a status of 400 or more."""
+        """Of those, the ones that failed on the server: a 5xx."""
 
     def add(self, status: int, seconds: float) -> None:
         """Record one finished decision request; only successful ones enter the latency window."""
         with self._lock:
             self.total += 1
-            if status >= 400:
+            if status >= 500:
                 self.errors += 1
+            elif status >= 400:
+                self.rejected += 1
             else:
                 self._seconds.append(seconds)
 
     def summary(self) -> dict[str, Any]:
-        """``{"total", "errors", "window", "p50_ms", "p95_ms"}``: counts since start, and the nearest-rank
-        percentiles (milliseconds, None before the first success) over the ``window`` latest successes."""
+        """``{"total", "rejected", "errors", "window", "p50_ms", "p95_ms"}``: counts since start
+        (``rejected``: 4xx, ``errors``: 5xx), and the nearest-rank percentiles (milliseconds, None before the
+        first success) over the ``window`` latest successes."""
         with self._lock:
             ordered = sorted(self._seconds)
-            total, errors = self.total, self.errors
+            total, rejected, errors = self.total, self.rejected, self.errors
         return {
             "total": total,
+            "rejected": rejected,
             "errors": errors,
             "window": len(ordered),
             "p50_ms": _percentile_ms(ordered, 0.50),
@@ -116,75 +130,49 @@ class ServerMetrics:
         # The *_created series double the output and no dashboard reads them.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            "clef_requests",
-            "HTTP requests by route, method and status.",
-            ["route", "method", "status"],
-            registry=r,
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        seconds = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        tokens = functools.partial(Histogram, buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.requests = counter(
+            "clef_requests", "HTTP requests by route, method and status.", ["route", "method", "status"]
         )
-        self.job_lines = Counter(
-            "clef_job_lines",
-            "Batch-job lines answered (done) or failed.",
-            ["outcome"],
-            registry=r,
-        )
-        self.replica_requests = Counter(
+        self.job_lines = counter("clef_job_lines", "Batch-job lines answered (done) or failed.", ["outcome"])
+        self.replica_requests = counter(
             "clef_replica_requests",
             "Decisions answered, by the replica that answered them and its state-cache outcome.",
             ["replica", "state_cache"],
-            registry=r,
         )
-        self.latency = Histogram(
-            "clef_request_duration_seconds",
-            "Time from request arrival to response, by route.",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.latency = seconds(
+            "clef_request_duration_seconds", "Time from request arrival to response, by route.", ["route"]
         )
-        self.input_tokens = Histogram(
-            "clef_input_tokens", "Input tokens per answered request.", buckets=_TOKEN_BUCKETS, registry=r
+        self.input_tokens = tokens("clef_input_tokens", "Input tokens per answered request.")
+        self.truncated = counter(
+            "clef_truncated_requests", "Requests whose state was truncated to fit the token limit."
         )
-        self.truncated = Counter(
-            "clef_truncated_requests",
-            "Requests whose state was truncated to fit the token limit.",
-            registry=r,
-        )
-        self.questions = Counter("clef_questions", "Questions answered, by type.", ["type"], registry=r)
+        self.questions = counter("clef_questions", "Questions answered, by type.", ["type"])
         self.batch_size = Histogram(
-            "clef_batch_size", "Requests per engine call.", buckets=_BATCH_BUCKETS, registry=r
+            "clef_batch_size", "Requests per engine call.", buckets=_BATCH_BUCKETS, registry=self.registry
         )
-        self.batch_padded_tokens = Histogram(
-            "clef_batch_padded_tokens",
-            "Padded tokens (longest x size) per engine call.",
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+        self.batch_padded_tokens = tokens(
+            "clef_batch_padded_tokens", "Padded tokens (longest x size) per engine call."
         )
-        self.batch_seconds = Histogram(
-            "clef_batch_duration_seconds", "Engine time per call.", buckets=_LATENCY_BUCKETS, registry=r
+        self.batch_seconds = seconds("clef_batch_duration_seconds", "Engine time per call.")
+        self.batch_failures = counter(
+            "clef_batch_failures", "Engine calls that raised (items are then retried alone)."
         )
-        self.batch_failures = Counter(
-            "clef_batch_failures", "Engine calls that raised (items are then retried alone).", registry=r
+        self.queue_wait = seconds("clef_queue_wait_seconds", "Time a request waited for the engine.")
+        self.queue_depth = gauge("clef_queue_depth", "Requests waiting for the engine.")
+        self.running = gauge("clef_running_requests", "Requests in the engine call now.")
+        self.inflight = gauge("clef_inflight_requests", "HTTP requests being handled.")
+        self.rejected = counter(
+            "clef_rejected_requests", "Requests refused before compute, by reason.", ["reason"]
         )
-        self.queue_wait = Histogram(
-            "clef_queue_wait_seconds",
-            "Time a request waited for the engine.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.disconnected = counter(
+            "clef_client_disconnects", "Requests whose client went away before the answer."
         )
-        self.queue_depth = Gauge("clef_queue_depth", "Requests waiting for the engine.", registry=r)
-        self.running = Gauge("clef_running_requests", "Requests in the engine call now.", registry=r)
-        self.inflight = Gauge("clef_inflight_requests", "HTTP requests being handled.", registry=r)
-        self.rejected = Counter(
-            "clef_rejected_requests", "Requests refused before compute, by reason.", ["reason"], registry=r
-        )
-        self.disconnected = Counter(
-            "clef_client_disconnects", "Requests whose client went away before the answer.", registry=r
-        )
-        self.ready = Gauge("clef_model_ready", "1 when the model is loaded and warmed.", registry=r)
-        self.load_seconds = Gauge(
-            "clef_model_load_seconds", "Seconds spent loading and warming the model.", registry=r
-        )
+        self.ready = gauge("clef_model_ready", "1 when the model is loaded and warmed.")
+        self.load_seconds = gauge("clef_model_load_seconds", "Seconds spent loading and warming the model.")
         self.recent = RecentRequests()
         """Decision requests (every POST route) for the status page."""
 
@@ -193,7 +181,7 @@ class ServerMetrics:
         self.queue_depth.set_function(depth)
         self.running.set_function(running)
 
-    def bind_engine_cache(self, source: Callable[[], Mapping[str, float] | None]) -> None:
+    def bind_engine_cache(self, source: Callable[[], CacheSeries]) -> None:
         """Export the engine's cache counters (if it has any) at scrape time."""
         self.registry.register(_EngineCacheCollector(source))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -76,11 +77,10 @@ async def ready(request: Request) -> dict[str, Any]:
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     body: dict[str, Any] = {"status": "ready", "model": engine.name}
-    replica_status = getattr(engine, "replica_status", None)  # scale-out only: the model replicas
-    if callable(replica_status):
-        replicas = replica_status()
-        body["replicas"] = replicas
-        if replicas["up"] == 0:
+    replicas = await anyio.to_thread.run_sync(engine.replica_status)  # it may ask a cluster: off the loop
+    if replicas is not None:
+        body["replicas"] = {"up": replicas.up, "target": replicas.target}
+        if replicas.up == 0:
             raise ApiError(503, "not_ready", "no model replica is running", headers={"Retry-After": "5"})
     return body
 
@@ -93,8 +93,10 @@ async def ready(request: Request) -> dict[str, Any]:
     response_class=Response,
 )
 async def metrics(request: Request) -> Response:
-    """The Prometheus text exposition (requests, latency, tokens, batches, queue)."""
-    return Response(runtime_of(request).metrics.render(), media_type=CONTENT_TYPE)
+    """The Prometheus text exposition (requests, latency, tokens, batches, queue, state cache)."""
+    # Off the event loop: the state-cache figures may come from the model replicas over the network.
+    text = await anyio.to_thread.run_sync(runtime_of(request).metrics.render)
+    return Response(text, media_type=CONTENT_TYPE)
 
 
 @router.get(

@@ -12,17 +12,21 @@ import base64
 import hashlib
 import re
 import time
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from clef_runtime.engine.contract import ReplicaStatus
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import runtime_of
 from clef_runtime.server.openapi_docs import json_example
+from clef_runtime.server.runtime import Engine
 from clef_runtime.version import __version__
 
 __all__ = ["PAGE_CSP", "STATIC_FILES", "VENDOR_FILES", "docs_csp", "router"]
@@ -130,8 +134,9 @@ _STATUS_EXAMPLE = {
     "weights": "bfloat16",
     "max_input_tokens": 16384,
     "queue_depth": 0,
-    "requests": {"total": 120, "errors": 2, "window": 118, "p50_ms": 41.3, "p95_ms": 88.0},
+    "requests": {"total": 120, "rejected": 5, "errors": 2, "window": 113, "p50_ms": 41.3, "p95_ms": 88.0},
     "state_cache": {"hits": 70, "misses": 48, "entries": 48, "bytes": 52428800, "hit_rate": 0.5932},
+    "replicas": None,
     "auth": True,
     "version": __version__,
     "uptime_s": 3600.0,
@@ -152,25 +157,29 @@ async def status_json(request: Request) -> JSONResponse:
     ``requests`` counts the decision requests (every POST route) since start; ``p50_ms`` / ``p95_ms`` are
     measured over the latest successful ones (``window`` of them). ``state_cache`` is the engine's cache
     counters plus ``hit_rate`` (hits / lookups, null before the first lookup), or null for an engine
-    without a state cache.
+    without a state cache. ``replicas`` is null for an engine in this process; with model replicas
+    (``clef serve --ray``) it holds ``up`` and ``target`` and, for each running replica that has answered,
+    its id, process id and state cache (``state_cache`` is then their sum).
     """
     runtime = runtime_of(request)
     engine = runtime.engine
-    backbone = getattr(engine, "backbone", None)
-    options = getattr(engine, "options", None)
+    stats: Mapping[str, int] = {}
+    replicas: ReplicaStatus | None = None
+    if engine is not None:
+        # Off the event loop: a scale-out engine asks its replicas over the network.
+        stats, replicas = await anyio.to_thread.run_sync(_engine_figures, engine)
     return JSONResponse(
         {
-            "model": getattr(engine, "name", None) or runtime.settings.model,
+            "model": runtime.settings.model if engine is None else engine.name,
             "state": runtime.state,
-            "untrained": getattr(engine, "untrained", None),
-            "device": _text_or_none(getattr(backbone, "device", None) or getattr(options, "device", None)),
-            "weights": _text_or_none(
-                getattr(backbone, "weight_mode", None) or getattr(options, "weights", None)
-            ),
+            "untrained": None if engine is None else engine.untrained,
+            "device": None if engine is None else engine.device,
+            "weights": None if engine is None else engine.weight_mode,
             "max_input_tokens": runtime.settings.input_token_limit if engine is not None else None,
             "queue_depth": runtime.queue_depth(),
             "requests": runtime.metrics.recent.summary(),
-            "state_cache": _cache_figures(engine),
+            "state_cache": _cache_figures(stats),
+            "replicas": _replica_figures(replicas),
             "auth": runtime.keys.enabled,
             "version": __version__,
             "uptime_s": round(time.time() - _STARTED, 1),
@@ -178,19 +187,27 @@ async def status_json(request: Request) -> JSONResponse:
     )
 
 
-def _text_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _engine_figures(engine: Engine) -> tuple[Mapping[str, int], ReplicaStatus | None]:
+    return engine.cache_stats(), engine.replica_status()
 
 
-def _cache_figures(engine: Any) -> dict[str, Any] | None:
-    source = getattr(engine, "cache_stats", None)
-    stats = source() if callable(source) else None
+def _cache_figures(stats: Mapping[str, int]) -> dict[str, Any] | None:
     if not stats:
         return None
     figures: dict[str, Any] = dict(stats)
     lookups = stats.get("hits", 0) + stats.get("misses", 0)
     figures["hit_rate"] = round(stats.get("hits", 0) / lookups, 4) if lookups else None
     return figures
+
+
+def _replica_figures(replicas: ReplicaStatus | None) -> dict[str, Any] | None:
+    if replicas is None:
+        return None
+    reports = [
+        {"replica": report.replica, "pid": report.pid, "state_cache": _cache_figures(report.cache)}
+        for report in replicas.reports
+    ]
+    return {"up": replicas.up, "target": replicas.target, "reports": reports}
 
 
 # ------------------------------------------------------------------------------------------ API docs
@@ -213,7 +230,10 @@ def docs_csp(html: str) -> str:
     )
 
 
-def _docs_page(response: HTMLResponse) -> Response:
+def _docs_page(request: Request, build: Callable[..., HTMLResponse], title: str, **assets: Any) -> Response:
+    """The page ``build`` (FastAPI's Swagger UI or ReDoc page) makes for this app's schema, with ``assets``
+    (its script, style and icon URLs) served from here."""
+    response = build(openapi_url=request.app.openapi_url, title=f"{request.app.title} - {title}", **assets)
     html = bytes(response.body).decode("utf-8")
     return _page(html, _MEDIA_TYPES[".html"], docs_csp(html))
 
@@ -222,15 +242,14 @@ def _docs_page(response: HTMLResponse) -> Response:
 async def swagger_ui(request: Request) -> Response:
     """Swagger UI with its files served from here (it works without internet)."""
     return _docs_page(
-        get_swagger_ui_html(
-            openapi_url=request.app.openapi_url,
-            title=f"{request.app.title} - API docs",
-            swagger_js_url="/static/vendor/swagger-ui-bundle.js",
-            swagger_css_url="/static/vendor/swagger-ui.css",
-            swagger_favicon_url="/static/favicon.svg",
-            # validatorUrl: null, or Swagger UI asks validator.swagger.io to check the schema.
-            swagger_ui_parameters={"validatorUrl": None, "tryItOutEnabled": True},
-        )
+        request,
+        get_swagger_ui_html,
+        "API docs",
+        swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+        swagger_css_url="/static/vendor/swagger-ui.css",
+        swagger_favicon_url="/static/favicon.svg",
+        # validatorUrl: null, or Swagger UI asks validator.swagger.io to check the schema.
+        swagger_ui_parameters={"validatorUrl": None, "tryItOutEnabled": True},
     )
 
 
@@ -238,11 +257,10 @@ async def swagger_ui(request: Request) -> Response:
 async def redoc(request: Request) -> Response:
     """ReDoc with its file served from here and no web fonts from elsewhere."""
     return _docs_page(
-        get_redoc_html(
-            openapi_url=request.app.openapi_url,
-            title=f"{request.app.title} - API reference",
-            redoc_js_url="/static/vendor/redoc.standalone.js",
-            redoc_favicon_url="/static/favicon.svg",
-            with_google_fonts=False,
-        )
+        request,
+        get_redoc_html,
+        "API reference",
+        redoc_js_url="/static/vendor/redoc.standalone.js",
+        redoc_favicon_url="/static/favicon.svg",
+        with_google_fonts=False,
     )

@@ -14,7 +14,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
@@ -26,7 +26,7 @@ from clef_runtime.engine.scheduler import DynamicBatcher, QueueFullError, Schedu
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.errors import ApiError, ClientGone
-from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.metrics import CacheSeries, ServerMetrics
 from clef_runtime.server.settings import ServerSettings
 
 __all__ = [
@@ -181,7 +181,7 @@ class ServerRuntime:
         # and encoding costs milliseconds next to the model's seconds.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-encode")
         metrics.bind_queue(self._queue_depth, self._running)
-        metrics.bind_engine_cache(self._engine_cache_stats)
+        metrics.bind_engine_cache(self._engine_cache_series)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -270,8 +270,16 @@ class ServerRuntime:
     def _running(self) -> float:
         return float(self._batcher.running) if self._batcher is not None else 0.0
 
-    def _engine_cache_stats(self) -> Mapping[str, float] | None:
-        return None if self._engine is None else self._engine.cache_stats()
+    def _engine_cache_series(self) -> CacheSeries:
+        engine = self._engine
+        if engine is None:
+            return []
+        replicas = engine.replica_status()
+        if replicas is not None:
+            # One series per replica: a replica that stops takes its series with it, and no summed counter
+            # goes backwards.
+            return [({"replica": report.replica}, report.cache) for report in replicas.reports]
+        return [({}, engine.cache_stats())]
 
     def queue_depth(self) -> int:
         """Requests waiting for the engine."""

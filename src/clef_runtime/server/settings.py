@@ -2,8 +2,10 @@
 environment variables (a flag beats its variable, the variable beats the default).
 
 The engine's options (device, weights, cache, images, ...) are `clef_runtime.options.EngineOptions`,
-nested as ``settings.engine``; this module adds the server's own (HTTP, auth, batching, logging) in
+nested as ``settings.engine``; this module adds the server's own (HTTP, auth, batching, jobs, logging) in
 :data:`OPTIONS`. Both tables generate the CLI flags and the variables, so a flag can never lack its variable.
+The scale-out options (``--ray``, ``--replicas``, ...) are ``clef_runtime.scale.settings``'s, and the
+``clef serve`` command (``clef_runtime.serve_command``) puts the three tables together.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from clef_runtime.options import (
-    ENGINE_OPTIONS,
     MODEL_OPTION,
     EngineOptions,
     Option,
@@ -30,7 +31,6 @@ from clef_runtime.options import (
 )
 
 __all__ = [
-    "ALL_SERVE_OPTIONS",
     "OPTIONS",
     "Option",
     "ServerSettings",
@@ -87,23 +87,6 @@ class ServerSettings:
     """Queued or running jobs per API key (all callers share one with auth off)."""
     jobs_batch_size: int = 1
     """Job lines per engine call; an interactive request arriving meanwhile waits for at most one call."""
-    ray: bool = False
-    """Serve on Ray Serve with ``replicas`` model replicas (state-affinity routing)."""
-    replicas: int = 2
-    """Model replicas with ``ray`` (a fixed number unless min/max replicas are set)."""
-    min_replicas: int | None = None
-    """With ``ray``: autoscale on queue length between min and max replicas."""
-    max_replicas: int | None = None
-    ray_address: str | None = None
-    """An existing Ray cluster to join; None starts a local head on 127.0.0.1."""
-    ray_num_cpus: float = 1.0
-    """CPUs reserved per model replica (also its torch threads)."""
-    ray_num_gpus: float = 0.0
-    """GPUs per model replica."""
-    ray_routing: Literal["state-affinity", "power-of-two"] = "state-affinity"
-    """How the ingress picks a model replica: by state key, or Ray Serve's default (for comparison)."""
-    ray_max_owner_queue: int = 8
-    """Requests queued on a state's owner replica beyond which the less loaded of two candidates answers."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -127,20 +110,6 @@ class ServerSettings:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             problems.append(f"--max-input-tokens must be at least 1, got {self.max_input_tokens}")
-        if self.replicas < 1 or self.ray_max_owner_queue < 1:
-            problems.append("--replicas and --ray-max-owner-queue must be at least 1")
-        if self.min_replicas is not None and self.min_replicas < 0:
-            problems.append(f"--min-replicas must be >= 0, got {self.min_replicas}")
-        if (
-            self.min_replicas is not None
-            and self.max_replicas is not None
-            and self.max_replicas < max(1, self.min_replicas)
-        ):
-            problems.append("--max-replicas must be at least 1 and at least --min-replicas")
-        if self.ray_routing not in ("state-affinity", "power-of-two"):
-            problems.append(f"--ray-routing must be state-affinity or power-of-two, got {self.ray_routing!r}")
-        if self.ray_num_cpus < 0 or self.ray_num_gpus < 0:
-            problems.append("--ray-num-cpus and --ray-num-gpus must be >= 0")
         if self.on_overflow not in ("truncate", "reject"):
             problems.append(f"--on-overflow must be 'truncate' or 'reject', got {self.on_overflow!r}")
         if self.batch_window_ms < 0:
@@ -321,78 +290,6 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
-        "ray",
-        "--ray",
-        "CLEF_RAY",
-        parse_bool,
-        "serve on Ray Serve: --replicas model replicas behind this endpoint, requests routed to the replica "
-        "that holds their state (needs the 'ray' extra)",
-        kind="bool",
-    ),
-    Option(
-        "replicas", "--replicas", "CLEF_REPLICAS", parse_int, "model replicas with --ray (default 2)", "N"
-    ),
-    Option(
-        "min_replicas",
-        "--min-replicas",
-        "CLEF_MIN_REPLICAS",
-        parse_int,
-        "with --ray: autoscale on queue length from this many replicas (with --max-replicas)",
-        "N",
-    ),
-    Option(
-        "max_replicas",
-        "--max-replicas",
-        "CLEF_MAX_REPLICAS",
-        parse_int,
-        "with --ray: autoscale up to this many replicas",
-        "N",
-    ),
-    Option(
-        "ray_address",
-        "--ray-address",
-        "CLEF_RAY_ADDRESS",
-        str,
-        "with --ray: join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local "
-        "head on 127.0.0.1",
-        "ADDR",
-    ),
-    Option(
-        "ray_num_cpus",
-        "--ray-num-cpus",
-        "CLEF_RAY_NUM_CPUS",
-        float,
-        "with --ray: CPUs reserved per model replica, also its torch threads (default 1)",
-        "N",
-    ),
-    Option(
-        "ray_num_gpus",
-        "--ray-num-gpus",
-        "CLEF_RAY_NUM_GPUS",
-        float,
-        "with --ray: GPUs per model replica (default 0)",
-        "N",
-    ),
-    Option(
-        "ray_routing",
-        "--ray-routing",
-        "CLEF_RAY_ROUTING",
-        parse_lower,
-        "with --ray: state-affinity (default: a state's requests go to the replica that holds it) or "
-        "power-of-two (Ray Serve's default, for comparison)",
-        "POLICY",
-        choices=("state-affinity", "power-of-two"),
-    ),
-    Option(
-        "ray_max_owner_queue",
-        "--ray-max-owner-queue",
-        "CLEF_RAY_MAX_OWNER_QUEUE",
-        parse_int,
-        "with --ray: requests queued on a state's owner replica beyond which the less loaded of two "
-        "candidates answers (default 8)",
-        "N",
-    ),
-    Option(
         "log_requests",
         "--log-requests",
         "CLEF_LOG_REQUESTS",
@@ -418,10 +315,6 @@ OPTIONS: tuple[Option, ...] = (
         "LEVEL",
     ),
 )
-
-
-#: Every flag of ``clef serve``: the model, the engine's options, then the server's own.
-ALL_SERVE_OPTIONS: tuple[Option, ...] = (MODEL_OPTION, *ENGINE_OPTIONS, *OPTIONS)
 
 
 def settings_from_namespace(args: argparse.Namespace | None, environ: Mapping[str, str]) -> ServerSettings:

@@ -1,0 +1,172 @@
+"""``clef serve``: every flag (the engine's, the server's and the scale-out ones) has a CLEF_* variable and
+lands in its settings object; bad settings exit 2; an address that cannot be bound is one clear line and
+exit status 1, before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from clef_runtime.options import EngineOptions
+from clef_runtime.scale.settings import RaySettings
+from clef_runtime.serve_command import (
+    ALL_SERVE_OPTIONS,
+    EXIT_CANNOT_LISTEN,
+    add_serve_arguments,
+    run_serve,
+    serve,
+)
+from clef_runtime.server.settings import ServerSettings, settings_from_namespace
+from tests.server.fake_engine import FakeClef
+
+# A valid non-default value per option: (flag arguments, environment value, expected field value).
+SAMPLES: dict[str, tuple[list[str], str, Any]] = {
+    "model": (["--model", "tiny"], "tiny", "tiny"),
+    "host": (["--host", "0.0.0.0"], "0.0.0.0", "0.0.0.0"),
+    "port": (["--port", "9000"], "9000", 9000),
+    "api_keys": (["--api-key", "a", "--api-key", "b"], "a, b", ("a", "b")),
+    "max_queue": (["--max-queue", "3"], "3", 3),
+    "max_batch_tokens": (["--max-batch-tokens", "999"], "999", 999),
+    "max_batch_size": (["--max-batch-size", "4"], "4", 4),
+    "max_input_tokens": (["--max-input-tokens", "77"], "77", 77),
+    "max_body_bytes": (["--max-body-bytes", "2MiB"], "2MiB", 2 * 1024 * 1024),
+    "deterministic": (["--deterministic"], "1", True),
+    "device": (["--device", "cuda:1"], "cuda:1", "cuda:1"),
+    "prefill_chunk": (["--prefill-chunk", "64"], "64", 64),
+    "max_length": (["--max-length", "4096"], "4096", 4096),
+    "on_overflow": (["--on-overflow", "reject"], "reject", "reject"),
+    "cache_mb": (["--cache-mb", "0"], "0", 0.0),
+    "image_mode": (["--image-mode", "g448"], "g448", "g448"),
+    "image_max_tokens": (["--image-max-tokens", "256"], "256", 256),
+    "weights": (["--weights", "bf16-storage"], "bf16-storage", "bf16-storage"),
+    "int8_layers": (["--int8-layers", "1,2"], "1,2", "1,2"),
+    "fused_kernels": (["--no-fused-kernels"], "0", False),
+    "snapshot_interval": (["--snapshot-interval", "128"], "128", 128),
+    "confidence": (["--confidence", "workers-ai"], "workers-ai", "workers-ai"),
+    "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
+    "batch_window_ms": (["--batch-window-ms", "2.5"], "2.5", 2.5),
+    "log_requests": (["--log-requests"], "true", True),
+    "latency_ms": (["--latency-ms"], "1", True),
+    "jobs": (["--jobs", "off"], "off", False),
+    "jobs_db": (["--jobs-db", "/tmp/j.sqlite3"], "/tmp/j.sqlite3", "/tmp/j.sqlite3"),
+    "jobs_max_lines": (["--jobs-max-lines", "10"], "10", 10),
+    "jobs_max_bytes": (["--jobs-max-bytes", "1MiB"], "1MiB", 1024 * 1024),
+    "jobs_max_active": (["--jobs-max-active", "2"], "2", 2),
+    "jobs_batch_size": (["--jobs-batch-size", "4"], "4", 4),
+    "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
+    "ray": (["--ray"], "1", True),
+    "replicas": (["--replicas", "3"], "3", 3),
+    "min_replicas": (["--min-replicas", "1"], "1", 1),
+    "max_replicas": (["--max-replicas", "4"], "4", 4),
+    "ray_address": (["--ray-address", "auto"], "auto", "auto"),
+    "ray_num_cpus": (["--ray-num-cpus", "0.5"], "0.5", 0.5),
+    "ray_num_gpus": (["--ray-num-gpus", "1"], "1", 1.0),
+    "ray_routing": (["--ray-routing", "power-of-two"], "power-of-two", "power-of-two"),
+    "ray_max_owner_queue": (["--ray-max-owner-queue", "3"], "3", 3),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser()
+    add_serve_arguments(result)
+    return result
+
+
+def value_of(argv: list[str], environ: dict[str, str], field: str) -> Any:
+    """A field of the settings ``clef serve`` builds: the server's, the engine's or the scale-out ones."""
+    args = parser().parse_args(argv)
+    if field in RaySettings.__dataclass_fields__:
+        return getattr(RaySettings.from_sources(args, environ), field)
+    settings = settings_from_namespace(args, environ)
+    return getattr(settings.engine if field in EngineOptions.__dataclass_fields__ else settings, field)
+
+
+def test_every_option_is_sampled() -> None:
+    assert set(SAMPLES) == {option.field for option in ALL_SERVE_OPTIONS}
+    assert len(ALL_SERVE_OPTIONS) == len({option.flag for option in ALL_SERVE_OPTIONS})
+    assert all(
+        option.env == "CLEF_" + option.field.upper() or option.field == "api_keys"
+        for option in ALL_SERVE_OPTIONS
+    )
+
+
+@pytest.mark.parametrize("field", sorted(SAMPLES))
+def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
+    argv, env_value, expected = SAMPLES[field]
+    option = next(o for o in ALL_SERVE_OPTIONS if o.field == field)
+    base = [] if field == "model" else ["--model", "m"]
+    assert value_of(base + argv, {}, field) == expected
+    environ = {option.env: env_value} if field == "model" else {option.env: env_value, "CLEF_MODEL": "m"}
+    assert value_of([], environ, field) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "needle"),
+    [
+        (["--max-queue", "0"], {}, "--max-queue must be at least 1"),
+        (["--replicas", "0"], {}, "--replicas and --ray-max-owner-queue must be at least 1"),
+        (["--min-replicas", "3", "--max-replicas", "2"], {}, "--max-replicas must be at least 1"),
+        ([], {"CLEF_RAY_NUM_CPUS": "many"}, "CLEF_RAY_NUM_CPUS"),
+        ([], {"CLEF_RAY_ROUTING": "random"}, "CLEF_RAY_ROUTING"),
+    ],
+)
+def test_run_serve_returns_2_on_bad_settings(
+    argv: list[str], environ: dict[str, str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_serve(parser().parse_args(["--model", "m", *argv]), environ=environ) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_help_names_every_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    parser().print_help()
+    text = capsys.readouterr().out
+    assert all(option.env in text and option.flag in text for option in ALL_SERVE_OPTIONS)
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another socket of this process listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+class NeverLoaded(FakeClef):
+    def __init__(self) -> None:
+        raise AssertionError("the model must not load when the port cannot be bound")
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_1(
+    taken_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = ServerSettings(model="fake", port=taken_port, jobs=False)
+    assert serve(settings, engine_factory=lambda s: NeverLoaded()) == EXIT_CANNOT_LISTEN == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"clef serve: error: 127.0.0.1:{taken_port} is already in use (another server?): stop it, or choose "
+        "another --port\n"
+    )
+
+
+@pytest.mark.parametrize("ray", [False, True], ids=["plain", "ray"])
+def test_clef_serve_checks_the_port_before_starting_anything(
+    taken_port: int, ray: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With --ray too: Ray Serve's proxy would only find out after Ray and the replicas started.
+    argv = ["--model", "tiny", "--port", str(taken_port), *(["--ray"] if ray else [])]
+    assert run_serve(parser().parse_args(argv), environ={}) == 1
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{taken_port} is already in use" in err and "--port" in err and "Errno" not in err
+
+
+def test_an_address_of_another_machine_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = ServerSettings(model="fake", host="192.0.2.1", port=8094, jobs=False)  # TEST-NET-1
+    assert serve(settings, engine_factory=lambda s: NeverLoaded()) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("clef serve: error: cannot listen on 192.0.2.1:8094: ") and "--host" in err
