@@ -1,10 +1,17 @@
-"""Suite-wide settings: keep every cache the tests create out of the user's home directory."""
+"""Suite-wide settings (every cache the tests create stays out of the user's home directory) and the fixtures
+every suite shares; the shared helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from clef_runtime.engine.clef import Clef
 
 # The built-in tokenizer and the tiny checkpoint are built once into this directory and reused between
 # local runs; a fresh clone (CI) builds them once per run. Set before any clef_runtime import reads it.
@@ -21,3 +28,12 @@ os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="clef-tests-data-")
 from clef_runtime.model.kernels import configure_cpu_threads
 
 configure_cpu_threads()
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Clef:
+    """The built-in untrained tiny model with the default options, loaded once for the whole run: share it
+    only where a test does not depend on what others ran before (its state cache is shared too)."""
+    from clef_runtime.engine.clef import Clef
+
+    return Clef.load("tiny")

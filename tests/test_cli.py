@@ -1,30 +1,29 @@
-"""The ``clef`` command's expected failures: one line on stderr and exit 2, never a traceback; the untrained
-warning once; ``--help`` and ``encode`` without torch."""
+"""The ``clef`` command: expected failures are one line on stderr and exit 2, never a traceback (an unknown
+flag names itself); the untrained warning once; ``--help`` and ``encode`` without torch; ``encode`` of an
+image request equals the engine's preparation; ``--jsonl`` answers every input line; every flag has help."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-GOOD = {"state": "a ticket", "questions": {"q": {"type": "noul"}}}
+from clef_runtime.cli import build_parser
+from clef_runtime.encoding.special_tokens import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
+from clef_runtime.engine.clef import Clef
+from clef_runtime.engine.preparer import RequestPreparer
+from tests.helpers import MINIMAL_REQUEST as GOOD
+from tests.helpers import CliRun, png_data_url, run_cli
+from tests.helpers import run_cli_process as clef
 
 
-def clef(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clef_runtime.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def assert_one_line_exit_2(done: subprocess.CompletedProcess[str], needle: str) -> str:
+def assert_one_line_exit_2(done: subprocess.CompletedProcess[str] | CliRun, needle: str) -> str:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
@@ -135,3 +134,150 @@ def test_only_commands_that_compute_on_the_main_thread_start_a_thread_team_there
     argv = ["serve", "--model", "tiny"] if command == "serve" else ["decide", str(request)]
     assert cli.main(argv) == 0
     assert calls == [{"start_pool": team_on_main}]
+
+
+# --- clef encode with images: the engine's preparation, in every image mode ---------------------------------
+
+IMAGE_REQUEST = {
+    "state": "what is in the picture?",
+    "images": [png_data_url(320, 256, 7)],
+    "questions": GOOD["questions"],
+}
+#: Image pads per mode for the 320x256 image: g256 and g448 are fixed tiles (8x8, 14x14 merged tokens);
+#: native keeps the size (multiples of 32 within the processor's pixel bounds): (320/32) * (256/32).
+PADS = {"native": 10 * 8, "g256": 64, "g448": 196}
+
+
+@pytest.mark.parametrize("mode", sorted(PADS))
+def test_encode_with_an_image_is_what_the_engine_prepares(tiny: Clef, mode: str, tmp_path: Path) -> None:
+    preparer = RequestPreparer(tiny.encoder, replace(tiny.image_settings, mode=mode))
+    expected = preparer.prepare(IMAGE_REQUEST).record
+    request = tmp_path / "image.json"
+    request.write_text(json.dumps(IMAGE_REQUEST))
+    # the tiny checkpoint as the tokenizer directory (its tokenizer.json and processor_config.json), and
+    # the built-in tokenizer with the stock processor settings, which are the tiny checkpoint's
+    for tokenizer in (["--tokenizer", str(tiny.path)], []):
+        done = run_cli("encode", "--image-mode", mode, *tokenizer, str(request))
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert got == expected.to_json()
+        ids = got["input_ids"]
+        assert ids.count(IMAGE_PAD_ID) == PADS[mode]
+        assert ids.count(VISION_START_ID) == 1 and ids.count(VISION_END_ID) == 1
+    text_only = json.loads(run_cli("encode", "-", stdin=json.dumps({**IMAGE_REQUEST, "images": []})).stdout)
+    # the image block: <|vision_start|>, the pads, <|vision_end|> and the newline after it
+    assert len(got["input_ids"]) - len(text_only["input_ids"]) == PADS[mode] + 3
+
+
+def test_encode_jsonl_mixes_image_and_text_requests(tiny: Clef) -> None:
+    lines = [json.dumps(GOOD), json.dumps(IMAGE_REQUEST), json.dumps({**IMAGE_REQUEST, "images": ["x"]})]
+    done = run_cli("encode", "--jsonl", "--image-mode", "g256", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 2
+    text, image, bad = (json.loads(line) for line in done.stdout.splitlines())
+    assert text == tiny.encoder.encode(GOOD).to_json()
+    assert image["input_ids"].count(IMAGE_PAD_ID) == 64
+    assert bad["line"] == 3 and bad["error"]["detail"][0]["loc"] == ["images", 0]
+
+
+def test_encode_with_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
+    request = tmp_path / "r.json"
+    request.write_text(json.dumps(GOOD))
+    line = assert_one_line_exit_2(
+        run_cli("encode", "--tokenizer", str(tmp_path), str(request)), "tokenizer.json"
+    )
+    assert line.startswith("clef encode: error:") and str(tmp_path) in line
+
+
+# --- usage errors -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "suggestion"),
+    [
+        (["decide", "--weigths", "fp32"], "clef decide", "--weights"),
+        (["encode", "--max-lenght", "9"], "clef encode", "--max-length"),
+        (["eval", "--concurrencey", "2"], "clef eval", "--concurrency"),
+        (["jobs", "status", "job_x", "--jsn"], "clef jobs status", "--json"),
+        (["decide", "--colour", "red"], "clef decide", None),
+    ],
+)
+def test_an_unknown_flag_is_a_usage_error_naming_it(
+    argv: list[str], prog: str, suggestion: str | None, tmp_path: Path
+) -> None:
+    request = tmp_path / "r.json"
+    request.write_text(json.dumps(GOOD))
+    flag = next(a for a in argv if a.startswith("--"))
+    # The typo'd flag's value must not be taken as the input file (nor the file reported as unknown).
+    line = assert_one_line_exit_2(run_cli(*argv, str(request)), f"unknown flag {flag}")
+    assert line.startswith(f"{prog}: error:"), line
+    assert str(request) not in line
+    if suggestion:
+        assert f"did you mean {suggestion}?" in line
+    else:
+        assert "did you mean" not in line
+
+
+def test_an_extra_argument_is_a_usage_error(tmp_path: Path) -> None:
+    line = assert_one_line_exit_2(run_cli("encode", "a.json", "b.json"), "unexpected argument 'b.json'")
+    assert line.startswith("clef encode: error:")
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from all_parsers(sub)
+
+
+def test_every_flag_and_subcommand_has_a_help_text() -> None:
+    missing = []
+    for parser in all_parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{parser.prog} {c.dest}" for c in action._choices_actions if not c.help]
+            elif not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("command", ["encode", "decide"])
+def test_the_input_argument_says_stdin_is_the_default(command: str) -> None:
+    done = run_cli(command, "--help")
+    assert done.returncode == 0
+    assert "FILE|-" in done.stdout and "stdin (the default)" in done.stdout
+
+
+# --- --jsonl: output line N answers input line N ------------------------------------------------------------
+
+
+def test_encode_jsonl_answers_every_line_and_numbers_the_errors(tiny: Clef) -> None:
+    lines = [json.dumps(GOOD), "", '{"state": 3, "questions": {}}', "   ", json.dumps(GOOD), "{oops"]
+    done = run_cli("encode", "--jsonl", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 2, done.stderr
+    out = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(out) == len(lines)
+    assert out[0] == out[4] == tiny.encoder.encode(GOOD).to_json()
+    errors = {number: item for number, item in enumerate(out, start=1) if "error" in item}
+    assert sorted(errors) == [2, 3, 4, 6]
+    assert all(item["line"] == number for number, item in errors.items())
+    assert errors[2]["error"]["detail"][0]["type"] == "blank_line"
+    assert "blank" in errors[4]["error"]["detail"][0]["msg"]
+    assert errors[3]["error"]["detail"][0]["loc"] == ["state"]
+    assert errors[6]["error"]["detail"][0]["type"] == "json_invalid"
+
+
+def test_decide_jsonl_answers_every_line_and_numbers_the_errors(
+    tiny: Clef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clef_runtime import cli
+
+    monkeypatch.setattr(cli, "_load_clef", lambda args: tiny)  # the session's model, not a second load
+    lines = ["", json.dumps(GOOD), '{"state": "s"}', "", json.dumps(GOOD)]
+    done = run_cli("decide", "--jsonl", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 2, done.stderr
+    out = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(out) == len(lines)
+    assert [item.get("line") for item in out] == [1, None, 3, 4, None]
+    assert out[1]["answers"]["q"]["type"] == "noul" and out[4]["answers"]["q"]["type"] == "noul"
+    assert out[2]["error"]["detail"][0]["loc"] == ["questions"]

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors import safe_open
 
 from clef_runtime import Clef
 from clef_runtime.engine.clef import PreparedRequest
 from clef_runtime.model.backbone import TRANSFORMERS_CONSTRUCTION_LOCK
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
+from tests.helpers import png_data_url as png_url
+from tests.helpers import run_cli_process as run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE: dict[str, Any] = json.loads((ROOT / "examples" / "request.json").read_text())
@@ -162,17 +159,6 @@ def test_text_or_numbers_the_model_cannot_take_are_refused_before_any_work(
     assert clef.backbone_tokens == before
 
 
-def run_cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clef_runtime.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 @pytest.mark.slow
 def answers_only(response: dict[str, Any]) -> dict[str, Any]:
     """A response without the state-cache report (which depends on what the engine ran before)."""
@@ -211,14 +197,6 @@ IMAGE_QUESTIONS: dict[str, Any] = {
     "busy": {"type": "noul", "instructions": "Is the picture busy?"},
     "quality": {"type": "score", "criteria": ["bad", "ok", "good"]},
 }
-
-
-def png_url(width: int, height: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 # Different sizes give different grids (upscaled to at least 65,536 px): 10x7, 12x6, 8x8, 4x16 merged tokens.

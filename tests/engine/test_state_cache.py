@@ -7,8 +7,6 @@ references come from an engine with the cache disabled, and from one full backbo
 
 from __future__ import annotations
 
-import base64
-import io
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -16,23 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from clef_runtime import Clef
 from clef_runtime.engine.clef import PreparedRequest
 from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache, image_digest, state_key
+from tests.helpers import png_data_url as png_url
 
 PREFIX = 36
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def png_url(width: int, height: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def variant(base: Clef, *, cache_bytes: int, **options: Any) -> Clef:

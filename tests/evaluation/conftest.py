@@ -1,5 +1,5 @@
-"""Fixtures for the evaluation tests: one tiny model, a real loopback server around it, and a small case
-file taken from examples/cases.jsonl (every question type)."""
+"""Fixtures for the evaluation tests: a real loopback server around the session's tiny model (``tiny``, from
+tests/conftest.py), and a small case file taken from examples/cases.jsonl (every question type)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,10 @@ SMALL_LINES = (1, 7, 15, 16, 27, 28)
 
 
 @pytest.fixture(scope="session")
-def tiny() -> Clef:
-    return Clef.load("tiny")
-
-
-@pytest.fixture(scope="session")
 def tiny_url(tiny: Clef) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a uvicorn server (in a thread) answering with ``tiny``."""
     port = free_port()
-    settings = ServerSettings(model="tiny", port=port)
+    settings = ServerSettings(model="tiny", port=port, jobs=False)  # a jobs database has one owner
     app = create_app(settings, engine_factory=lambda s: tiny)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on")

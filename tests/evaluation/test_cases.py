@@ -97,9 +97,40 @@ def test_cli_lists_every_invalid_line_and_exits_2(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "c.json").exists()
 
 
-def test_cli_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", str(tmp_path / "missing.jsonl")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "{missing}"],
+        ["calibrate", "{missing}", "--out", "{out}"],
+        ["calibrate", "{good}", "--holdout", "{missing}", "--out", "{out}"],
+        ["compare", "{missing}", "--a", "model=tiny", "--b", "model=tiny"],
+    ],
+)
+def test_cli_missing_case_file_is_one_line_and_exit_2(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing, good = tmp_path / "missing.jsonl", tmp_path / "good.jsonl"
+    good.write_text(line(id="ok") + "\n", encoding="utf-8")
+    paths = {"missing": missing, "good": good, "out": tmp_path / "c.json"}
+    assert main([part.format(**paths) for part in command]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"clef {command[0]}: error: cannot read {missing}: No such file or directory"
+    ]
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"\xff\xfe{}\n", "cannot read {path}: it is not UTF-8 text"), (b"\n  \n", "{path} has no cases")],
+)
+def test_cli_unusable_case_file_is_one_line_and_exit_2(
+    content: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_bytes(content)
+    assert main(["eval", str(path)]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"clef eval: error: {message.format(path=path)}"), err
 
 
 def test_example_case_file_is_valid_and_covers_every_type() -> None:

@@ -15,7 +15,7 @@ import pytest
 from clef_runtime.cli import main
 from clef_runtime.engine.calibration import Calibration
 from clef_runtime.engine.clef import Clef
-from clef_runtime.evaluation.cases import load_cases
+from clef_runtime.evaluation.cases import load_cases, parse_cases
 from clef_runtime.evaluation.compare import parse_side
 from clef_runtime.evaluation.runner import answer_in_process, answer_url
 from clef_runtime.options import OptionsError
@@ -61,11 +61,13 @@ def test_cli_eval_url_matches_in_process_and_writes_a_report(
     assert main(["eval", str(small_cases), "--url", tiny_url, "--json", str(remote_json)]) == 0
     out = capsys.readouterr().out
     assert "rounds probabilities to 4 decimals" in out
+    assert out.startswith("WARNING: UNTRAINED MODEL: tiny")  # the server says its model is untrained
     status = main(
         ["eval", str(small_cases), "--model", "tiny", "--json", str(local_json), "--report", str(report)]
     )
     assert status == 0
-    assert "unrounded" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "unrounded" in out and out.startswith("WARNING: UNTRAINED MODEL: tiny")
     remote, local = json.loads(remote_json.read_text()), json.loads(local_json.read_text())
     assert set(local) >= {"overall", "by_type", "by_question", "latency_ms"}
     assert set(local["by_type"]) == {"noul", "choice", "score"}
@@ -75,8 +77,10 @@ def test_cli_eval_url_matches_in_process_and_writes_a_report(
     for qid in local["by_question"]:
         close_metrics(local["by_question"][qid], remote["by_question"][qid], METRIC_TOLERANCE)
     assert local["latency_ms"]["p50"] > 0 and local["latency_ms"]["p95"] >= local["latency_ms"]["p50"]
+    assert local["source"]["untrained"] is True and remote["source"]["untrained"] is True
     page = (report / "report.html").read_text(encoding="utf-8")
     assert page.count('src="data:image/png;base64,') == 2
+    assert 'class="untrained"' in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
     for png in ("reliability.png", "coverage.png"):
         assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -99,7 +103,8 @@ def test_cli_calibrate_then_eval_with_the_calibration(
     # The holdout pass answers the same cases again, now resumed from the state cache: the same numbers up
     # to float rounding (seen: 1.7e-9 apart), not bit for bit.
     assert document["holdout"]["after"]["overall"]["nll"] == pytest.approx(document["nll_after"], abs=1e-6)
-    capsys.readouterr()
+    assert document["holdout"]["nll_worse"] is False
+    assert "warning" not in capsys.readouterr().err
     metrics = tmp_path / "calibrated.json"
     assert (
         main(["eval", str(small_cases), "--model", "tiny", "--calibration", str(out), "--json", str(metrics)])
@@ -113,6 +118,46 @@ def test_cli_calibrate_then_eval_with_the_calibration(
         main(["calibrate", str(small_cases), "--calibration", str(out), "--out", str(tmp_path / "x.json")])
         == 2
     )
+
+
+def test_cli_calibrate_warns_when_the_holdout_nll_gets_worse(
+    tiny: Clef, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clef_runtime.evaluation import commands
+
+    monkeypatch.setattr(commands, "_engine_from_args", lambda command, args, options: tiny)
+    question = {"urgent": {"type": "noul", "instructions": "Does this need a reply within the hour?"}}
+    bodies = [
+        {"state": f"ticket {i}: the export button does nothing, try {i}", "questions": question}
+        for i in range(12)
+    ]
+    answered = answer_in_process(
+        tiny, parse_cases([json.dumps(b | {"id": str(i)}) for i, b in enumerate(bodies)])
+    )
+    p_true = [a.outcomes[0].probs[0] for a in answered.answered]
+    assert all(p != 0.5 for p in p_true)
+
+    def case_file(name: str, agree: bool) -> Path:
+        # Labels the model's leaning agrees with (the fit sharpens it), or the opposite ones.
+        path = tmp_path / name
+        lines = [
+            json.dumps(body | {"expected": {"urgent": bool(p >= 0.5) == agree}})
+            for body, p in zip(bodies, p_true, strict=True)
+        ]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    fit, holdout, out = case_file("fit.jsonl", True), case_file("holdout.jsonl", False), tmp_path / "c.json"
+    assert main(["calibrate", str(fit), "--holdout", str(holdout), "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["temperatures"]["noul"] < 1  # sharpened
+    before = document["holdout"]["before"]["overall"]["nll"]
+    after = document["holdout"]["after"]["overall"]["nll"]
+    assert after > before and document["holdout"]["nll_worse"] is True
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1
+    assert f"{before:.4f} -> {after:.4f}" in warnings[0] and str(holdout) in warnings[0]
+    assert "worse" in warnings[0]
 
 
 @pytest.mark.slow

@@ -5,9 +5,7 @@ response that is not System One is named."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +14,7 @@ import pytest
 from clef_runtime.cli import main
 from clef_runtime.evaluation.cases import parse_cases
 from clef_runtime.evaluation.runner import RemoteError, answer_url, systemone_url
+from tests.helpers import JsonHandler, stub_server
 
 QUESTIONS = {"spam": {"type": "noul"}, "team": {"type": "choice", "criteria": {"b": None, "a": None}}}
 ANSWERS = {
@@ -24,32 +23,21 @@ ANSWERS = {
 }
 
 
-class Stub(BaseHTTPRequestHandler):
+class Stub(JsonHandler):
     """Answers by the case's state: ``busy-once`` gets a 429 first, ``bad`` a 422, ``garbage`` no answers."""
 
     seen: ClassVar[list[str]] = []
     key: ClassVar[str | None] = None
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-    def reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    owner: ClassVar[str] = "cloudflare"
 
     def do_GET(self) -> None:
         if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
             return self.reply(401, {"detail": {"error_type": "authentication_error", "message": "bad key"}})
-        self.reply(
-            200, {"object": "list", "data": [{"id": "stub", "x_calibration": {"label": "c.json@sha256:0"}}]}
-        )
+        entry = {"id": "stub", "owned_by": self.owner, "x_calibration": {"label": "c.json@sha256:0"}}
+        self.reply(200, {"object": "list", "data": [entry]})
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = json.loads(self.body())
         state = body["state"]
         self.seen.append(state)
         if state == "busy-once" and self.seen.count(state) == 1:
@@ -65,13 +53,9 @@ class Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub() -> Iterator[str]:
-    Stub.seen, Stub.key = [], None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    thread.join(10)
+    Stub.seen, Stub.key, Stub.owner = [], None, "cloudflare"
+    with stub_server(Stub) as url:
+        yield url
 
 
 def cases(*states: str) -> list[Any]:
@@ -92,6 +76,7 @@ def test_busy_is_retried_and_refusals_are_failures(stub: str) -> None:
         "kind": "url",
         "url": stub + "/v1/systemone",
         "model": "stub",
+        "untrained": False,
         "calibration": "c.json@sha256:0",
         "rounded": True,
     }
@@ -99,6 +84,13 @@ def test_busy_is_retried_and_refusals_are_failures(stub: str) -> None:
     assert team.options == ("b", "a") and list(team.probs) == [0.3, 0.7] and team.expected == 1
     spam = next(o for o in result.answered[0].outcomes if o.question_id == "spam")
     assert list(spam.probs) == pytest.approx([0.8, 0.2]) and spam.expected is None
+
+
+def test_a_server_of_an_untrained_model_is_marked_untrained(stub: str) -> None:
+    # The server lists its own untrained tiny model as clef-runtime's, a release as Cloudflare's.
+    assert answer_url(stub, cases("ok")).source["untrained"] is False
+    Stub.owner = "clef-runtime"
+    assert answer_url(stub, cases("ok")).source["untrained"] is True
 
 
 def test_refused_key_stops_the_run(stub: str) -> None:

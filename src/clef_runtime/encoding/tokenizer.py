@@ -444,16 +444,21 @@ class ClefTokenizer:
             return _default_instance
 
     @classmethod
-    def load(cls, checkpoint_dir: str | Path | None) -> ClefTokenizer:
+    def load(cls, checkpoint_dir: str | Path | None, *, require_file: bool = False) -> ClefTokenizer:
         """The tokenizer for a checkpoint: ``<checkpoint_dir>/tokenizer.json`` if it exists, else the built-in
         one (also when ``checkpoint_dir`` is None).
+
+        ``require_file``: refuse a directory without ``tokenizer.json`` instead of falling back. A user who
+        names a tokenizer directory (``clef encode --tokenizer DIR``) asks for that tokenizer; a release
+        directory loaded as a model may rely on the built-in one.
 
         Returns:
             The tokenizer.
 
         Raises:
             TokenizerLoadError: ``checkpoint_dir`` is given but is not a directory (a typo must not fall back
-                silently), or its ``tokenizer.json`` is unreadable or malformed.
+                silently), has no ``tokenizer.json`` while ``require_file`` is set, or its ``tokenizer.json``
+                is unreadable or malformed.
         """
         if checkpoint_dir is None:
             return cls.default()
@@ -463,6 +468,8 @@ class ClefTokenizer:
         tokenizer_file = directory / TOKENIZER_FILE
         if tokenizer_file.exists():
             return cls.from_file(tokenizer_file)
+        if require_file:
+            raise TokenizerLoadError(f"{directory} has no {TOKENIZER_FILE} (expected {tokenizer_file})")
         logger.info("%s has no tokenizer.json; using the built-in Qwen3.5 tokenizer", directory)
         return cls.default()
 

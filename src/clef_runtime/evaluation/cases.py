@@ -18,7 +18,15 @@ from clef_runtime.protocol.errors import RequestValidationError, format_loc
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import ChoiceQuestion, NoulQuestion, SystemOneRequest, parse_request
 
-__all__ = ["Case", "CaseFileError", "answer_options", "expected_index", "load_cases", "parse_cases"]
+__all__ = [
+    "Case",
+    "CaseFileError",
+    "CaseFileUnusable",
+    "answer_options",
+    "expected_index",
+    "load_cases",
+    "parse_cases",
+]
 
 #: Case keys that are not part of the System One request.
 CASE_KEYS = ("id", "expected")
@@ -37,6 +45,18 @@ class CaseFileError(ValueError):
     def lines(self) -> list[str]:
         """One ``SOURCE:N: message`` line per problem (what the CLI prints)."""
         return [f"{self.source}:{n}: {msg}" for n, msg in self.problems]
+
+
+class CaseFileUnusable(CaseFileError):
+    """The file as a whole cannot be used (unreadable, not UTF-8, no case at all): no line is to blame, so
+    the CLI prints ``message`` alone rather than a count of invalid lines."""
+
+    def __init__(self, source: str, message: str) -> None:
+        super().__init__(source, [(0, message)])
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -147,17 +167,20 @@ def parse_cases(lines: Iterable[str], source: str = "<cases>") -> list[Case]:
     if problems:
         raise CaseFileError(source, problems)
     if not cases:
-        raise CaseFileError(source, [(0, "no cases (the file is empty)")])
+        raise CaseFileUnusable(source, f"{source} has no cases (the file is empty)")
     return cases
 
 
 def load_cases(path: str | Path) -> list[Case]:
-    """`parse_cases` of a file. Raises `CaseFileError` (also for an unreadable or non-UTF-8 file)."""
+    """`parse_cases` of a file. Raises `CaseFileError` for invalid lines, `CaseFileUnusable` (a
+    `CaseFileError`) for a file that cannot be read, is not UTF-8 or holds no case."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise CaseFileError(str(path), [(0, f"cannot read: {exc.strerror or exc}")]) from None
+        raise CaseFileUnusable(str(path), f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise CaseFileError(str(path), [(0, f"not UTF-8: {exc}")]) from None
+        raise CaseFileUnusable(
+            str(path), f"cannot read {path}: it is not UTF-8 text ({exc.reason})"
+        ) from None
     return parse_cases(text.splitlines(), str(path))

@@ -8,15 +8,16 @@ one listed with its line number), a bad option or calibration file, nothing to s
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from clef_runtime.evaluation.cases import Case, CaseFileError, load_cases
+from clef_runtime.evaluation.cases import Case, CaseFileError, CaseFileUnusable, load_cases
 from clef_runtime.evaluation.runner import (
     RemoteError,
     RunResult,
@@ -31,6 +32,8 @@ from clef_runtime.protocol.errors import ClefError
 __all__ = ["run_calibrate", "run_compare", "run_eval"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: A holdout NLL this much above the uncalibrated one counts as worse (float summation noise is ~1e-15).
+NLL_NOISE = 1e-9
 
 
 class _Stop(Exception):
@@ -45,9 +48,24 @@ def _fail(command: str, message: str, status: int) -> _Stop:
     return _Stop(status)
 
 
+def _command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The entry point of a command: ``run``'s exit status, or the one a `_Stop` it raised carries."""
+
+    @functools.wraps(run)
+    def entry(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except _Stop as stop:
+            return stop.status
+
+    return entry
+
+
 def _cases(command: str, path: str) -> list[Case]:
     try:
         return load_cases(path)
+    except CaseFileUnusable as exc:
+        raise _fail(command, exc.message, EXIT_USAGE) from None
     except CaseFileError as exc:
         for line in exc.lines():
             print(line, file=sys.stderr)
@@ -105,15 +123,9 @@ def _write_json(path: str, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+@_command
 def run_eval(args: argparse.Namespace) -> int:
     """``clef eval``. Returns the exit status."""
-    try:
-        return _eval(args)
-    except _Stop as stop:
-        return stop.status
-
-
-def _eval(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.concurrency < 1:
         raise _fail("eval", "--batch-size and --concurrency must be at least 1", EXIT_USAGE)
     if args.url is None and args.api_key is not None:
@@ -161,14 +173,6 @@ def _eval(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if result.failures else EXIT_OK
 
 
-def run_calibrate(args: argparse.Namespace) -> int:
-    """``clef calibrate``. Returns the exit status."""
-    try:
-        return _calibrate(args)
-    except _Stop as stop:
-        return stop.status
-
-
 def _brief(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The headline metrics of ``overall`` and each type, without the bin and coverage tables."""
     keep = ("n", "accuracy", "brier", "nll", "ece", "mce", "macro_f1", "mae")
@@ -176,7 +180,9 @@ def _brief(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: {k: metrics[k] for k in keep if k in metrics} for name, metrics in groups.items()}
 
 
-def _calibrate(args: argparse.Namespace) -> int:
+@_command
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``clef calibrate``. Returns the exit status."""
     from clef_runtime.evaluation.calibrate import TEMPERATURE_BOUNDS, fit_calibration
     from clef_runtime.evaluation.metrics import summarize
 
@@ -208,13 +214,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     if holdout is not None:
         held = _answer(clef, holdout, args.batch_size, "holdout")
         _report_failures("calibrate", args.holdout, held)
-        before = summarize(held.outcomes)
+        before = _summarize("calibrate", held)
         after = summarize(calibrated_outcomes(held.outcomes, calibration.apply))
         document["holdout"] = {
             "file": Path(args.holdout).name,
             "cases": len(held.answered),
             "before": _brief(before),
             "after": _brief(after),
+            # The fit lowers the NLL of the cases it saw by construction; on unseen ones it can raise it.
+            "nll_worse": after["overall"]["nll"] > before["overall"]["nll"] + NLL_NOISE,
         }
     _write_json(args.out, document)
     print(f"wrote {args.out}")
@@ -237,15 +245,19 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"{k} {b[k]:.4f} -> {after[name][k]:.4f}" for k in ("nll", "brier", "ece", "accuracy")
             )
             print(f"  {name} (n={b['n']}): {cells}")
+        if document["holdout"]["nll_worse"]:
+            _warn_worse_holdout(args, document["holdout"])
     return EXIT_FAILURE if result.failures else EXIT_OK
 
 
-def run_compare(args: argparse.Namespace) -> int:
-    """``clef compare``. Returns the exit status."""
-    try:
-        return _compare(args)
-    except _Stop as stop:
-        return stop.status
+def _warn_worse_holdout(args: argparse.Namespace, holdout: dict[str, Any]) -> None:
+    before, after = holdout["before"]["overall"]["nll"], holdout["after"]["overall"]["nll"]
+    print(
+        f"warning: the calibration makes the holdout NLL worse ({before:.4f} -> {after:.4f} on "
+        f"{args.holdout}): the temperatures fitted on {args.file} do not carry over to cases the fit did not "
+        "see (too few cases, or sets labelled differently); check before serving it",
+        file=sys.stderr,
+    )
 
 
 def _run_side(side: Any, cases: Sequence[Case], args: argparse.Namespace, name: str) -> RunResult:
@@ -264,7 +276,9 @@ def _run_side(side: Any, cases: Sequence[Case], args: argparse.Namespace, name: 
         bar.close()
 
 
-def _compare(args: argparse.Namespace) -> int:
+@_command
+def run_compare(args: argparse.Namespace) -> int:
+    """``clef compare``. Returns the exit status."""
     from clef_runtime.evaluation.compare import compare_results, parse_side
 
     if args.batch_size < 1 or args.concurrency < 1:

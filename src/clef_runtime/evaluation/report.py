@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["text_summary", "write_report"]
+__all__ = ["format_ms", "text_summary", "untrained_banner", "write_report"]
 
 _METRIC_KEYS = ("n", "accuracy", "brier", "nll", "ece", "mce", "macro_f1", "mae")
 
@@ -21,6 +21,30 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
+
+
+def format_ms(value: float | None) -> str:
+    """A latency in milliseconds as a person reads it: to 0.1 ms below 100 ms, whole ms above (a timer's
+    last digits are noise, "399.9933 ms" claims a precision nobody measured)."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def untrained_banner(source: dict[str, Any]) -> str | None:
+    """The warning that leads the report of an untrained model (random weights: the tiny model), so its
+    numbers are not read as a real model's accuracy; None for a trained one."""
+    if not source.get("untrained"):
+        return None
+    return (
+        f"UNTRAINED MODEL: {source.get('model')} has random weights. These numbers show that the pipeline "
+        "runs, not how accurate or calibrated a real model is."
+    )
+
+
+def _latency(summary: dict[str, Any]) -> str:
+    latency = summary["latency_ms"]
+    return f"p50 {format_ms(latency['p50'])} ms, p95 {format_ms(latency['p95'])} ms"
 
 
 def _groups(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -107,12 +131,18 @@ def write_report(summary: dict[str, Any], source: dict[str, Any], directory: Pat
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
 
+    banner = untrained_banner(source)
     sections = [
         "<h1>clef eval report</h1>",
+        *(
+            [f'<p class="untrained" role="alert"><strong>{html.escape(banner)}</strong></p>']
+            if banner
+            else []
+        ),
         f"<p>{html.escape(_source_note(source))}</p>",
         f"<p>Calibration: {html.escape(str(source.get('calibration') or 'none'))}. Questions answered: "
-        f"{summary['questions']['answered']}, scored: {summary['questions']['scored']}. Latency p50 "
-        f"{_fmt(summary['latency_ms']['p50'])} ms, p95 {_fmt(summary['latency_ms']['p95'])} ms.</p>",
+        f"{summary['questions']['answered']}, scored: {summary['questions']['scored']}. Latency "
+        f"{_latency(summary)}.</p>",
         "<h2>Metrics</h2>",
         _table(["group", *_METRIC_KEYS], _metrics_rows(_groups(summary))),
         "<h2>Reliability</h2>",
@@ -144,6 +174,7 @@ def write_report(summary: dict[str, Any], source: dict[str, Any], directory: Pat
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;"
         "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
         "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+        ".untrained{background:#fdecea;border:2px solid #b3261e;color:#5f1411;padding:.6em 1em}"
     )
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>clef eval report</title>'
@@ -157,7 +188,9 @@ def write_report(summary: dict[str, Any], source: dict[str, Any], directory: Pat
 def text_summary(summary: dict[str, Any], source: dict[str, Any]) -> str:
     """The metrics as a plain-text table (what ``clef eval`` prints), with the coverage table of the whole
     set and the note on where the probabilities came from."""
-    lines = [_source_note(source)]
+    banner = untrained_banner(source)
+    lines = [f"WARNING: {banner}"] if banner else []
+    lines.append(_source_note(source))
     if source.get("calibration"):
         lines.append(f"calibration: {source['calibration']}")
     header = ["group", *_METRIC_KEYS]
@@ -172,6 +205,5 @@ def text_summary(summary: dict[str, Any], source: dict[str, Any]) -> str:
     lines.append("coverage (overall): threshold -> share answered, accuracy")
     for r in summary["overall"]["coverage"]:
         lines.append(f"  >= {r['threshold']:.2f}: {r['coverage']:.3f} ({r['n']}), {_fmt(r['accuracy'])}")
-    latency = summary["latency_ms"]
-    lines.append(f"latency ms: p50 {_fmt(latency['p50'])}, p95 {_fmt(latency['p95'])}")
+    lines.append(f"latency: {_latency(summary)}")
     return "\n".join(lines)

@@ -80,7 +80,8 @@ class Answered:
 @dataclass
 class RunResult:
     """Every case's answer or failure, and where the answers came from (``source``: ``kind`` in-process or
-    url, ``model``, ``calibration`` label or None, ``rounded``: whether probabilities were rounded)."""
+    url, ``model``, ``untrained``: random weights (the tiny model), ``calibration`` label or None,
+    ``rounded``: whether probabilities were rounded)."""
 
     answered: list[Answered] = field(default_factory=list)
     failures: list[tuple[Case, str]] = field(default_factory=list)
@@ -141,6 +142,7 @@ def answer_in_process(
         source={
             "kind": "in-process",
             "model": clef.name,
+            "untrained": bool(clef.untrained),
             "options": clef.options.as_dict(),
             "calibration": calibration.label if calibration is not None else None,
             "rounded": False,
@@ -215,6 +217,15 @@ def _http_error(status: int, payload: Any) -> str:
     return f"HTTP {status}: {detail}"
 
 
+def _untrained(models: dict[str, Any]) -> bool:
+    """Whether a ``GET /v1/models`` body describes an untrained model: clef-runtime's own entry (the tiny
+    model is not Cloudflare's) or a model card that says so."""
+    entry = models["data"][0] if isinstance(models["data"][0], dict) else {}
+    cards = [card for card in models.get("models") or [] if isinstance(card, dict)]
+    described = any("untrained" in str(card.get("description", "")).lower() for card in cards)
+    return entry.get("untrained") is True or entry.get("owned_by") == "clef-runtime" or described
+
+
 def _wire_probs(case: Case, payload: Any) -> dict[str, dict[str, float]]:
     """``{question_id: {option: p}}`` from a System One response. Raises KeyError/TypeError/ValueError."""
     answers = payload["answers"]
@@ -251,13 +262,21 @@ def answer_url(
         raise RemoteError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     if status == 401:
         raise RemoteError(f"{url} refused the API key (HTTP 401): pass the server's key with --api-key")
-    model, calibration = None, None
+    model, calibration, untrained = None, None, False
     if status == 200 and isinstance(info, dict) and info.get("data"):
         entry = info["data"][0]
         model = entry.get("id")
         calibration = (entry.get("x_calibration") or {}).get("label")
+        untrained = _untrained(info)
     result = RunResult(
-        source={"kind": "url", "url": endpoint, "model": model, "calibration": calibration, "rounded": True}
+        source={
+            "kind": "url",
+            "url": endpoint,
+            "model": model,
+            "untrained": untrained,
+            "calibration": calibration,
+            "rounded": True,
+        }
     )
     bar = progress or _NoProgress()
 

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "run_jobs"]
+__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "format_job", "format_job_list", "run_jobs"]
 
 DEFAULT_URL = "http://127.0.0.1:8094"
 
@@ -106,31 +106,63 @@ def _message(data: bytes) -> str:
     return json.dumps(body)[:500]
 
 
-def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``clef jobs`` subcommands."""
+def _connection_arguments(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
+    """``--url`` and ``--api-key``, accepted before the subcommand and after it (a subcommand's copy has no
+    default, so it never hides a value given before the subcommand)."""
+    default = argparse.SUPPRESS if after_subcommand else None
     parser.add_argument(
-        "--url", default=None, help=f"the server (default $CLEF_URL, else {DEFAULT_URL}) [env CLEF_URL]"
+        "--url",
+        default=default,
+        metavar="URL",
+        help=f"the server (default $CLEF_URL, else {DEFAULT_URL}) [env CLEF_URL]",
     )
     parser.add_argument(
         "--api-key",
-        default=None,
+        default=default,
+        metavar="KEY",
         help="API key (default $CLEF_API_KEY; prefer the variable) [env CLEF_API_KEY]",
     )
+
+
+def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``clef jobs`` subcommands; ``--url`` / ``--api-key`` go before or after the subcommand."""
+    _connection_arguments(parser, after_subcommand=False)
     actions = parser.add_subparsers(dest="jobs_command", required=True)
     submit = actions.add_parser("submit", help="submit a JSONL file (one System One request per line)")
-    submit.add_argument("file", metavar="FILE|-")
-    submit.add_argument("--idempotency-key", default=None, help="resubmitting with it returns the same job")
+    submit.add_argument(
+        "file",
+        nargs="?",
+        default="-",
+        metavar="FILE|-",
+        help="the JSONL file (one request per line, optional custom_id), or - for stdin (the default)",
+    )
+    submit.add_argument(
+        "--idempotency-key", default=None, metavar="KEY", help="resubmitting with it returns the same job"
+    )
     submit.add_argument("--skip-invalid", action="store_true", help="record invalid lines as failed")
     submit.add_argument("--wait", action="store_true", help="wait until the job finishes (progress bar)")
     status = actions.add_parser("status", help="a job's status and counts")
-    status.add_argument("job_id")
+    status.add_argument("job_id", metavar="JOB_ID", help="the job's id (job_...), as submit printed it")
     status.add_argument("--wait", action="store_true", help="wait until the job finishes (progress bar)")
     results = actions.add_parser("results", help="print (or --out) the results as JSONL")
-    results.add_argument("job_id")
-    results.add_argument("--out", default=None, metavar="FILE")
+    results.add_argument("job_id", metavar="JOB_ID", help="the job's id (job_...)")
+    results.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="write the results to FILE instead of stdout (JSONL: one {custom_id, line, response|error} "
+        "per line, in submission order)",
+    )
     cancel = actions.add_parser("cancel", help="cancel a job (finished lines are kept)")
-    cancel.add_argument("job_id")
-    actions.add_parser("list", help="your jobs, newest first")
+    cancel.add_argument("job_id", metavar="JOB_ID", help="the job's id (job_...)")
+    listing = actions.add_parser("list", help="your jobs, newest first")
+    listing.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="how many jobs (1-100, default 20)"
+    )
+    for readable in (status, listing):
+        readable.add_argument("--json", action="store_true", help="print the server's JSON instead")
+    for action in (submit, status, results, cancel, listing):
+        _connection_arguments(action, after_subcommand=True)
 
 
 def _progress(job: dict[str, Any], stream: IO[str]) -> None:
@@ -159,6 +191,57 @@ def _wait(client: JobsClient, job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
+def _lines(job: dict[str, Any]) -> str:
+    counts = job.get("counts") or {}
+    total, done, failed = counts.get("total", 0), counts.get("done", 0), counts.get("failed", 0)
+    share = f" ({(done + failed) / total:.0%} finished)" if total else ""
+    return f"{total} total, {done} done, {failed} failed{share}"
+
+
+def format_job(job: dict[str, Any]) -> str:
+    """``clef jobs status``: one ``field  value`` line per field (times in UTC, absent ones left out)."""
+    rows = [("id", job.get("id")), ("status", job.get("status")), ("model", job.get("model"))]
+    rows += [("lines", _lines(job))]
+    rows += [(name, job.get(f"{name}_at")) for name in ("created", "started", "finished")]
+    return "\n".join(f"{name:<9} {value}" for name, value in rows if value is not None)
+
+
+def format_job_list(listing: dict[str, Any]) -> str:
+    """``clef jobs list``: a table, newest first, and a note when the server holds more."""
+    jobs = listing.get("data") or []
+    if not jobs:
+        return "no jobs"
+    with_model = any("model" in job for job in jobs)  # servers that record the job's model
+    header = ["ID", "STATUS", *(["MODEL"] if with_model else []), "TOTAL", "DONE", "FAILED", "CREATED"]
+    rows = [header] + [
+        [
+            str(job.get("id")),
+            str(job.get("status")),
+            *([str(job.get("model") or "-")] if with_model else []),
+            *(str((job.get("counts") or {}).get(key, "")) for key in ("total", "done", "failed")),
+            str(job.get("created_at") or ""),
+        ]
+        for job in jobs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    counts = range(len(header) - 4, len(header) - 1)  # right-aligned, the rest left-aligned
+    text = [
+        "  ".join(
+            row[i].rjust(widths[i]) if i in counts else row[i].ljust(widths[i]) for i in range(len(header))
+        ).rstrip()
+        for row in rows
+    ]
+    if listing.get("has_more"):
+        text.append(f"(the newest {len(jobs)} shown; more with --limit)")
+    return "\n".join(text)
+
+
+def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
+    """The commands that follow a job, with the --url that reached it when one was given."""
+    prefix = f"clef jobs --url {args.url}" if args.url else "clef jobs"
+    return f"follow it with '{prefix} status {job_id} --wait'; results: '{prefix} results {job_id}'"
+
+
 def run_jobs(args: argparse.Namespace) -> int:
     """Entry point of ``clef jobs``. Returns 0, 1 (server or network failure) or 2 (bad input)."""
     url = args.url or os.environ.get("CLEF_URL") or DEFAULT_URL
@@ -171,6 +254,8 @@ def run_jobs(args: argparse.Namespace) -> int:
                 print(f"error: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
             job = client.submit(body, idempotency_key=args.idempotency_key, skip_invalid=args.skip_invalid)
+            # The id first, at once: a long --wait (or an interrupted one) must not hide it.
+            print(f"job {job['id']} accepted: {_follow_hint(args, job['id'])}", file=sys.stderr, flush=True)
             if args.wait:
                 job = _wait(client, job)
             print(json.dumps(job))
@@ -178,7 +263,7 @@ def run_jobs(args: argparse.Namespace) -> int:
             job = client.status(args.job_id)
             if args.wait:
                 job = _wait(client, job)
-            print(json.dumps(job))
+            print(json.dumps(job) if args.json else format_job(job))
         elif args.jobs_command == "results":
             data = client.results(args.job_id)
             if args.out:
@@ -188,7 +273,11 @@ def run_jobs(args: argparse.Namespace) -> int:
         elif args.jobs_command == "cancel":
             print(json.dumps(client.cancel(args.job_id)))
         else:
-            print(json.dumps(client.list()))
+            if not 1 <= args.limit <= 100:
+                print("clef jobs list: error: --limit must be between 1 and 100", file=sys.stderr)
+                return 2
+            listing = client.list(args.limit)
+            print(json.dumps(listing) if args.json else format_job_list(listing))
     except JobsClientError as exc:
         print(f"error: {exc.message}" + (f" (HTTP {exc.status})" if exc.status else ""), file=sys.stderr)
         return 2 if exc.status in (400, 404, 409, 413, 415, 422) else 1
