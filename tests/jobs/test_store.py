@@ -1,10 +1,15 @@
-"""The SQLite job store: durable lines and results, exactly-once results, idempotency, ownership, damage."""
+"""The SQLite job store: durable lines and results, exactly-once results, idempotency, ownership, damage, one
+owning process per file, and jobs bound to the model they were submitted to."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +17,18 @@ import pytest
 from clef_runtime.jobs.store import (
     IdempotencyConflict,
     JobLine,
+    JobModel,
     JobStore,
     JobStoreError,
+    JobStoreLocked,
     JobStoreUnavailable,
+    lock_path_of,
     owner_of,
 )
+from tests.serving import REPO
+
+MODEL = JobModel("model-a", "/models/model-a")
+OTHER = JobModel("model-b", "/models/model-b")
 
 
 def lines(n: int) -> list[JobLine]:
@@ -29,24 +41,24 @@ def store(tmp_path: Path) -> JobStore:
 
 
 def test_a_job_is_stored_with_its_lines_and_runs_in_line_order(store: JobStore) -> None:
-    record, created = store.create("", lines(5), body_digest="d")
+    record, created = store.create("", lines(5), model=MODEL, body_digest="d")
     assert created and record.status == "queued" and (record.total, record.done, record.failed) == (5, 0, 0)
-    job_id, todo = store.next_lines(3)  # type: ignore[misc]
+    job_id, todo = store.next_lines(3, MODEL)  # type: ignore[misc]
     assert job_id == record.id and [line.line for line in todo] == [1, 2, 3]
     assert todo[0].custom_id == "c1" and json.loads(todo[0].request or "")["state"] == "s1"
 
 
 def test_a_result_is_recorded_once_and_never_overwritten(store: JobStore) -> None:
-    record, _ = store.create("", lines(2), body_digest="d")
+    record, _ = store.create("", lines(2), model=MODEL, body_digest="d")
     assert store.record_result(record.id, 1, True, {"answers": {"a": 1}})
     assert not store.record_result(record.id, 1, True, {"answers": {"a": 2}})
     assert [r.payload for r in store.results(record.id)] == [{"answers": {"a": 1}}]
     # Line 1 has a result: the runner's next lines skip it.
-    assert [line.line for line in store.next_lines(10)[1]] == [2]  # type: ignore[index]
+    assert [line.line for line in store.next_lines(10, MODEL)[1]] == [2]  # type: ignore[index]
 
 
 def test_the_job_completes_when_every_line_has_a_result(store: JobStore) -> None:
-    record, _ = store.create("", lines(2), body_digest="d")
+    record, _ = store.create("", lines(2), model=MODEL, body_digest="d")
     store.mark_running(record.id)
     store.record_result(record.id, 1, True, {})
     assert not store.finish_if_done(record.id)
@@ -55,33 +67,35 @@ def test_the_job_completes_when_every_line_has_a_result(store: JobStore) -> None
     done = store.get(record.id)
     assert done is not None and (done.status, done.done, done.failed) == ("completed", 1, 1)
     assert done.started_at is not None and done.finished_at is not None
-    assert store.next_lines(10) is None
+    assert store.next_lines(10, MODEL) is None
 
 
 def test_results_survive_reopening_the_file(tmp_path: Path) -> None:
     path = tmp_path / "jobs.sqlite3"
     first = JobStore(path)
-    record, _ = first.create("", lines(3), body_digest="d")
+    record, _ = first.create("", lines(3), model=MODEL, body_digest="d")
     first.record_result(record.id, 2, True, {"n": 2})
-    first.close()
+    first.close()  # gives the file up: it may be opened again
     again = JobStore(path)
-    assert [line.line for line in again.next_lines(10)[1]] == [1, 3]  # type: ignore[index]
+    assert [line.line for line in again.next_lines(10, MODEL)[1]] == [1, 3]  # type: ignore[index]
     assert [(r.line, r.payload) for r in again.results(record.id)] == [(2, {"n": 2})]
 
 
 def test_idempotency_same_body_same_job_other_body_conflict(store: JobStore) -> None:
-    first, created = store.create("", lines(2), body_digest="a", idempotency_key="k")
-    again, created_again = store.create("", lines(2), body_digest="a", idempotency_key="k")
+    first, created = store.create("", lines(2), model=MODEL, body_digest="a", idempotency_key="k")
+    again, created_again = store.create("", lines(2), model=MODEL, body_digest="a", idempotency_key="k")
     assert created and not created_again and again.id == first.id
     with pytest.raises(IdempotencyConflict):
-        store.create("", lines(2), body_digest="b", idempotency_key="k")
+        store.create("", lines(2), model=MODEL, body_digest="b", idempotency_key="k")
     # Keys are per owner.
-    other, created_other = store.create(owner_of("key2"), lines(2), body_digest="b", idempotency_key="k")
+    other, created_other = store.create(
+        owner_of("key2"), lines(2), model=MODEL, body_digest="b", idempotency_key="k"
+    )
     assert created_other and other.id != first.id
 
 
 def test_jobs_are_visible_to_their_owner_only(store: JobStore) -> None:
-    mine, _ = store.create(owner_of("a"), lines(1), body_digest="d")
+    mine, _ = store.create(owner_of("a"), lines(1), model=MODEL, body_digest="d")
     assert store.get(mine.id, owner_of("a")) is not None
     assert store.get(mine.id, owner_of("b")) is None
     assert store.cancel(mine.id, owner_of("b")) is None
@@ -90,7 +104,7 @@ def test_jobs_are_visible_to_their_owner_only(store: JobStore) -> None:
 
 
 def test_listing_is_newest_first_and_paginated(store: JobStore) -> None:
-    ids = [store.create("", lines(1), body_digest=str(i))[0].id for i in range(5)]
+    ids = [store.create("", lines(1), model=MODEL, body_digest=str(i))[0].id for i in range(5)]
     page, more = store.list("", limit=2)
     assert [r.id for r in page] == ids[::-1][:2] and more
     page2, more2 = store.list("", limit=2, after=page[-1].id)
@@ -100,21 +114,21 @@ def test_listing_is_newest_first_and_paginated(store: JobStore) -> None:
 
 
 def test_cancel_keeps_finished_lines_and_refuses_new_results(store: JobStore) -> None:
-    record, _ = store.create("", lines(3), body_digest="d")
+    record, _ = store.create("", lines(3), model=MODEL, body_digest="d")
     store.record_result(record.id, 1, True, {"n": 1})
     cancelled = store.cancel(record.id, "")
     assert cancelled is not None and cancelled.status == "cancelled" and cancelled.done == 1
     assert not store.record_result(record.id, 2, True, {"n": 2})
-    assert store.next_lines(10) is None
+    assert store.next_lines(10, MODEL) is None
     assert [r.line for r in store.results(record.id)] == [1]
 
 
 def test_invalid_lines_recorded_at_submission_count_as_failed(store: JobStore) -> None:
     bad = JobLine(2, None, None, json.dumps({"type": "invalid_request_error", "message": "no"}))
-    record, _ = store.create("", [lines(1)[0], bad], body_digest="d")
+    record, _ = store.create("", [lines(1)[0], bad], model=MODEL, body_digest="d")
     assert (record.done, record.failed) == (0, 1)
-    assert [line.line for line in store.next_lines(10)[1]] == [1]  # type: ignore[index]
-    only_bad, _ = store.create("", [bad], body_digest="e")
+    assert [line.line for line in store.next_lines(10, MODEL)[1]] == [1]  # type: ignore[index]
+    only_bad, _ = store.create("", [bad], model=MODEL, body_digest="e")
     assert only_bad.status == "completed"
 
 
@@ -143,7 +157,7 @@ def test_a_full_disk_is_a_clear_unavailable_error(tmp_path: Path) -> None:
     store._db.execute(f"PRAGMA max_page_count={pages}")
     big = [JobLine(i, None, "x" * 5000) for i in range(1, 50)]
     with pytest.raises(JobStoreUnavailable, match="full"):
-        store.create("", big, body_digest="d")
+        store.create("", big, model=MODEL, body_digest="d")
     assert store.list("")[0] == []  # nothing half-written
 
 
@@ -151,4 +165,116 @@ def test_a_read_only_database_is_a_clear_unavailable_error(tmp_path: Path) -> No
     store = JobStore(tmp_path / "jobs.sqlite3")
     store._db.execute("PRAGMA query_only=ON")  # as a file the process may not write
     with pytest.raises(JobStoreUnavailable, match=r"readonly|read-only|read only"):
-        store.create("", lines(1), body_digest="d")
+        store.create("", lines(1), model=MODEL, body_digest="d")
+
+
+# ------------------------------------------------------------------------------------ one owner per file
+
+
+def test_a_second_store_on_the_same_file_is_refused_naming_the_file_the_owner_and_what_to_do(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    owner = JobStore(path)
+    record, _ = owner.create("", lines(2), model=MODEL, body_digest="d")
+    with pytest.raises(JobStoreLocked) as refused:
+        JobStore(path)
+    message = str(refused.value)
+    assert str(path) in message and f"pid {os.getpid()}" in message
+    assert "--jobs-db PATH" in message and "--jobs off" in message
+    assert refused.value.pid == os.getpid()
+    # The refused open changed nothing; once the owner closes, the file opens with its job.
+    assert owner.get(record.id) is not None
+    owner.close()
+    again = JobStore(path)
+    assert [job.id for job in again.unfinished_jobs()] == [record.id]
+    again.close()
+
+
+_HOLD_THE_LOCK = """
+import sys, time
+from clef_runtime.jobs.store import JobStore
+store = JobStore(sys.argv[1])
+print("owner", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owner_leaves_no_lock_behind(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_LOCK, str(path)], stdout=subprocess.PIPE, env=env, cwd=REPO
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == b"owner"
+        with pytest.raises(JobStoreLocked) as refused:
+            JobStore(path)
+        assert refused.value.pid == owner.pid
+        owner.send_signal(signal.SIGKILL)  # a crash: no close, no cleanup
+        owner.wait(30)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(30)
+    assert lock_path_of(path).exists()  # the stale file is there, its lock is not
+    store = JobStore(path)
+    assert lock_path_of(path).read_text().strip() == str(os.getpid())
+    store.close()
+
+
+# ------------------------------------------------------------------------------------- bound to a model
+
+
+def test_a_job_is_only_handed_to_the_model_it_was_submitted_to(store: JobStore) -> None:
+    a_job, _ = store.create("", lines(2), model=MODEL, body_digest="a")
+    b_job, _ = store.create("", lines(3), model=OTHER, body_digest="b")
+    assert store.get(a_job.id).model == MODEL  # type: ignore[union-attr]
+    assert store.get(b_job.id).as_api()["model"] == "model-b"  # type: ignore[union-attr]
+    # The older job belongs to another model: model B is given its own job only, and B finishing everything
+    # it has never reaches A's job.
+    job_id, todo = store.next_lines(10, OTHER)  # type: ignore[misc]
+    assert job_id == b_job.id and [line.line for line in todo] == [1, 2, 3]
+    for line in todo:
+        store.record_result(b_job.id, line.line, True, {})
+    assert store.finish_if_done(b_job.id)
+    assert store.next_lines(10, OTHER) is None
+    assert store.next_lines(10, JobModel("model-a", "/elsewhere/model-a")) is None  # same name, other weights
+    assert store.next_lines(10, MODEL)[0] == a_job.id  # type: ignore[index]
+    assert [job.id for job in store.unfinished_jobs()] == [a_job.id]
+
+
+_V1_SCHEMA = """
+CREATE TABLE jobs (id TEXT PRIMARY KEY, owner TEXT NOT NULL, status TEXT NOT NULL, total INTEGER NOT NULL,
+    created_at REAL NOT NULL, started_at REAL, finished_at REAL, idempotency_key TEXT,
+    body_digest TEXT NOT NULL, seq INTEGER NOT NULL);
+CREATE TABLE lines (job_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT, request TEXT, invalid TEXT,
+    PRIMARY KEY (job_id, line)) WITHOUT ROWID;
+CREATE TABLE results (job_id TEXT NOT NULL, line INTEGER NOT NULL, ok INTEGER NOT NULL, payload TEXT NOT NULL,
+    finished_at REAL NOT NULL, PRIMARY KEY (job_id, line)) WITHOUT ROWID;
+INSERT INTO jobs VALUES ('job_old', '', 'running', 2, 1.0, 1.0, NULL, NULL, 'd', 1);
+INSERT INTO lines VALUES ('job_old', 1, NULL, '{}', NULL), ('job_old', 2, NULL, '{}', NULL);
+INSERT INTO results VALUES ('job_old', 1, 1, '{}', 1.0);
+PRAGMA application_id = 1129072202;
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_version_1_file_is_migrated_and_its_jobs_go_to_the_first_model_that_claims_them(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(_V1_SCHEMA)
+    store = JobStore(path)
+    old = store.get("job_old")
+    assert old is not None and old.model is None and (old.done, old.total) == (1, 2)
+    assert store.next_lines(10, MODEL) is None  # unclaimed: no model runs it yet
+    assert store.claim_unbound(MODEL) == 1
+    assert store.next_lines(10, OTHER) is None
+    job_id, todo = store.next_lines(10, MODEL)  # type: ignore[misc]
+    assert job_id == "job_old" and [line.line for line in todo] == [2]
+    assert store.claim_unbound(OTHER) == 0  # claimed once, for good
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -1,10 +1,25 @@
-"""The fused-kernel switch: transformers' Qwen3.5 DeltaNet functions swapped to the reference and back."""
+"""The fused-kernel switch: transformers' Qwen3.5 DeltaNet functions swapped to the reference and back; and
+transformers' advice to install the CUDA-only fused packages, dropped on CPU and kept on an accelerator."""
 
 from __future__ import annotations
 
 import inspect
+import json
+import logging
+import subprocess
+import sys
 
-from clef_runtime.model.fused import FUSED_FUNCTIONS, fused_kernels_status, set_fused_kernels
+import pytest
+
+from clef_runtime.model import fused
+from clef_runtime.model.fused import (
+    FALLBACK_LOGGER,
+    FUSED_FUNCTIONS,
+    fused_kernels_status,
+    quiet_fallback_advice,
+    set_fused_kernels,
+)
+from tests.serving import REPO
 
 
 def test_switch_swaps_to_the_reference_functions_and_back() -> None:
@@ -26,3 +41,67 @@ def test_switch_swaps_to_the_reference_functions_and_back() -> None:
     status = fused_kernels_status()
     assert set(status["packages"]) == {"flash-linear-attention", "causal-conv1d"}
     assert set(status["active"]) == set(FUSED_FUNCTIONS)
+
+
+# What transformers' reference DeltaNet functions log the first time they run without the fused packages.
+ADVICE = (
+    "`causal_conv1d_update` is falling back to its reference PyTorch implementation because `causal_conv1d` "
+    "is not installed. This is correct but much slower; install `causal_conv1d` for the optimized kernel."
+)
+
+_DECIDE_ON_CPU = """
+import json, logging
+from transformers.models.qwen3_5 import modeling_qwen3_5 as module
+from clef_runtime.engine.clef import Clef
+from clef_runtime.model.fused import FALLBACK_LOGGER
+
+calls = []
+for name in ("causal_conv1d_update", "torch_recurrent_gated_delta_rule"):
+    def counted(*args, _original=getattr(module, name), _name=name, **kwargs):
+        calls.append(_name)
+        return _original(*args, **kwargs)
+    setattr(module, name, counted)
+
+class Kept(logging.Handler):
+    records = []
+    def emit(self, record):
+        self.records.append(record.getMessage())
+
+logging.getLogger(FALLBACK_LOGGER).addHandler(Kept())
+clef = Clef.load("tiny", device="cpu")
+clef.decide({"state": "a ticket", "questions": {"q": {"type": "noul"}}})
+print(json.dumps({"reference_calls": sorted(set(calls)), "records": Kept.records}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter: transformers warns once per process
+def test_no_advice_to_install_cuda_packages_while_the_cpu_kernels_answer() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _DECIDE_ON_CPU], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # The reference functions that warn did run (the per-token steps the CPU kernels leave to transformers).
+    assert seen["reference_calls"] == ["causal_conv1d_update", "torch_recurrent_gated_delta_rule"]
+    assert seen["records"] == []
+    for name in ("causal_conv1d", "flash-linear-attention", "falling back"):
+        assert name not in done.stderr, done.stderr
+
+
+def test_the_advice_is_kept_once_a_model_is_on_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "_devices", set())
+    logger = logging.getLogger(FALLBACK_LOGGER)
+    kept: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: kept.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        quiet_fallback_advice("cpu")
+        logger.warning(ADVICE)
+        logger.warning("an unrelated warning")
+        assert kept == ["an unrelated warning"]
+        quiet_fallback_advice("cuda")
+        logger.warning(ADVICE)  # on CUDA the packages would help: say so
+        assert kept == ["an unrelated warning", ADVICE]
+    finally:
+        logger.removeHandler(handler)

@@ -274,7 +274,7 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
             "needs",
         ),
         ({"messages": []}, ("messages",), "at least 1"),
-        ({"messages": "hi"}, ("messages",), "list"),
+        ({"messages": "hi"}, ("messages",), "messages must be an array, got a string"),
         ({"messages": ["hi"]}, ("messages", 0), "object"),
         ({"messages": [{"content": "hi"}]}, ("messages", 0, "role"), "role"),
         ({"messages": [{"role": "user", "content": 5}]}, ("messages", 0, "content"), "string or an array"),
@@ -293,7 +293,7 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
             ("messages", 0, "tool_calls"),
             "tool",
         ),
-        ({"stream": "yes"}, ("stream",), "boolean"),
+        ({"stream": "yes"}, ("stream",), "stream must be true or false, got a string"),
     ],
 )
 def test_requests_that_cannot_be_decided_are_refused_naming_the_field(

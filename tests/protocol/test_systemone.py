@@ -184,7 +184,7 @@ def test_question_id_length_bounds(length: int, ok: bool) -> None:
         (req({"q": {"type": "noul"}}, state=True), ("state",), "string"),
         ({"questions": {"q": {"type": "noul"}}}, ("state",), "required"),
         ({"state": "s"}, ("questions",), "required"),
-        (req([{"type": "noul"}]), ("questions",), "dictionary"),
+        (req([{"type": "noul"}]), ("questions",), "questions must be an object, got an array"),
     ],
 )
 def test_rejections_name_the_field(body: dict[str, Any], loc: tuple[Any, ...], needle: str) -> None:

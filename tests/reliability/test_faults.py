@@ -31,7 +31,7 @@ import torch
 from clef_runtime.model.resolve import resolve_model, tiny_cache_path
 from tests.server.conftest import Served, free_port, send_behind_a_held_call
 from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
-from tests.server.test_api import REQUEST, assert_error_shape, post
+from tests.server.helpers import REQUEST, assert_error_shape, post
 
 REPO = Path(__file__).resolve().parents[2]
 

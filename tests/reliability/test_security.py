@@ -3,7 +3,7 @@ before any model work, no network fetches, no code or pickle from a checkpoint, 
 
 Already covered elsewhere (referenced in RELIABILITY.md): the default host in the settings and keys
 redacted from the settings' log line (tests/server/test_settings.py), bodies logged only with
---log-requests and remote image URLs refused (tests/server/test_api.py, test_conformance.py)."""
+--log-requests and remote image URLs refused (tests/server/test_logs.py, test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from clef_runtime.protocol.images import extract_images
 from clef_runtime.server import auth
 from clef_runtime.server.auth import KeyChecker
 from tests.server.conftest import Served
-from tests.server.test_api import REQUEST, post
+from tests.server.helpers import REQUEST, post
 from tests.server.test_live import start_fake_process
 
 NOUL = {"type": "noul", "instructions": "Refund?"}

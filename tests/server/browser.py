@@ -91,7 +91,8 @@ class TinyServer:
 def tiny_server(**overrides: Any) -> Iterator[TinyServer]:
     """``clef serve --model tiny`` in a thread on a free loopback port, ready (loaded and warmed) on entry."""
     port = free_port()
-    settings = ServerSettings(**{"model": "tiny", "port": port, **overrides})
+    # No jobs: a jobs database has one owner, and the pages need none.
+    settings = ServerSettings(**{"model": "tiny", "port": port, "jobs": False, **overrides})
     app = create_app(settings)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
     server = uvicorn.Server(config)

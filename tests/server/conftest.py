@@ -34,13 +34,19 @@ def build_app(settings: ServerSettings, engine: FakeClef) -> FastAPI:
     return create_app(settings, engine_factory=lambda s: engine)
 
 
+def _own_jobs_db(factory: pytest.TempPathFactory, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with a jobs database of this app's own unless one is given: a jobs database belongs to
+    one server at a time, and a test may run several servers at once."""
+    return {"jobs_db": str(factory.mktemp("jobs") / "jobs.sqlite3"), **overrides}
+
+
 @pytest.fixture
-def serve_fake() -> Iterator[Callable[..., Served]]:
+def serve_fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Served]]:
     """``serve_fake(engine=None, **settings)`` -> a started app with a ready fake engine."""
     with ExitStack() as stack:
 
         def start(engine: FakeClef | None = None, **overrides: Any) -> Served:
-            settings = ServerSettings(**{"model": "fake", **overrides})
+            settings = ServerSettings(**{"model": "fake", **_own_jobs_db(tmp_path_factory, overrides)})
             engine = engine or FakeClef(max_length=settings.input_token_limit)
             app = build_app(settings, engine)
             client = stack.enter_context(TestClient(app, raise_server_exceptions=False))
@@ -66,14 +72,15 @@ class LiveServer:
 
 
 @pytest.fixture
-def live_fake() -> Iterator[Callable[..., LiveServer]]:
+def live_fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
     """``live_fake(engine, **settings)`` -> uvicorn serving the fake engine on a free loopback port, in a
     thread (signals are not installed off the main thread)."""
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(engine: FakeClef, **overrides: Any) -> LiveServer:
         port = free_port()
-        settings = ServerSettings(**{"model": "fake", "port": port, **overrides})
+        values = {"model": "fake", "port": port, **_own_jobs_db(tmp_path_factory, overrides)}
+        settings = ServerSettings(**values)
         app = build_app(settings, engine)
         config = uvicorn.Config(
             app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"

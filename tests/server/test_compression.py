@@ -1,9 +1,11 @@
-"""Response compression by Accept-Encoding: zstd and gzip above a minimum size, never for streaming."""
+"""Compression both ways: request bodies by Content-Encoding (zstd, gzip, deflate; corrupt or bombs refused),
+responses by Accept-Encoding (zstd and gzip above a minimum size, never for streaming)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -15,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from clef_runtime.server.compression import MIN_COMPRESS_BYTES, CompressionMiddleware, choose_encoding
 from tests.server.conftest import Served
+from tests.server.helpers import REQUEST, assert_error_shape, post
 
 # 200 options: a response body of several KiB.
 BIG = {
@@ -100,3 +103,54 @@ def test_streaming_responses_are_never_compressed() -> None:
         response, data = raw_response(client, "GET", "/stream", "zstd, gzip")
     assert "content-encoding" not in response.headers
     assert data == b"x" * 16384
+
+
+# ------------------------------------------------------------------------------------ request bodies
+
+
+def test_zstd_gzip_and_deflate_bodies_are_accepted(client: TestClient) -> None:
+    raw = json.dumps({**REQUEST, "state": "refund " * 400}).encode()
+    expected = post(client, raw).json()["answers"]
+    encoders = {
+        "zstd": zstandard.ZstdCompressor().compress,
+        "gzip": gzip.compress,
+        "x-gzip": gzip.compress,
+        "deflate": zlib.compress,
+        "identity": lambda data: data,
+        "gzip, zstd": lambda data: zstandard.ZstdCompressor().compress(gzip.compress(data)),
+    }
+    for encoding, encode in encoders.items():
+        response = post(client, encode(raw), headers={"content-encoding": encoding})
+        assert response.status_code == 200, (encoding, response.text)
+        assert response.json()["answers"] == expected
+
+
+def test_zstd_without_a_declared_content_size_is_accepted(client: TestClient) -> None:
+    raw = json.dumps(REQUEST).encode()
+    compressor = zstandard.ZstdCompressor(write_content_size=False)
+    streamed = compressor.compressobj().compress(raw) + compressor.compressobj().flush()
+    chunker = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    streamed = chunker.compress(raw) + chunker.flush()
+    assert post(client, streamed, headers={"content-encoding": "zstd"}).status_code == 200
+
+
+def test_corrupt_or_unknown_encodings_are_4xx(client: TestClient) -> None:
+    assert_error_shape(post(client, b"not zstd at all", headers={"content-encoding": "zstd"}), 400)
+    assert_error_shape(post(client, b"\x1f\x8b garbage", headers={"content-encoding": "gzip"}), 400)
+    assert_error_shape(
+        post(client, gzip.compress(b'{"a":1}')[:-9], headers={"content-encoding": "gzip"}), 400
+    )
+    assert_error_shape(post(client, b"{}", headers={"content-encoding": "br"}), 415, "unsupported_media_type")
+
+
+def test_decompression_bombs_are_413(serve_fake: Callable[..., Served]) -> None:
+    client = serve_fake(max_body_bytes=64 * 1024).client
+    bomb = b'{"state": "' + b" " * (10 * 1024 * 1024) + b'"}'
+    for encoding, data in (
+        ("zstd", zstandard.ZstdCompressor().compress(bomb)),
+        ("gzip", gzip.compress(bomb)),
+    ):
+        assert len(data) < 64 * 1024
+        response = post(client, data, headers={"content-encoding": encoding})
+        assert_error_shape(response, 413, "request_too_large")
+    assert post(client, REQUEST).status_code == 200

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import zstandard
 
-from tests.server.test_api import MALFORMED, WRONG_TYPES
+from tests.server.helpers import CHOICE, MALFORMED, NOUL, SCORE, WRONG_TYPES, mixed_requests
 from tests.serving import ServerProcess, clef_serve_argv, free_port, start_server_process
 
 pytestmark = pytest.mark.slow
@@ -39,10 +39,12 @@ ALLOWED_MUST_FAILURES = {"semantics.question-id"}
 
 
 def start_server(tmp_dir: Path, *args: str, ready_timeout: float = 180.0) -> ServerProcess:
-    """``python -m clef_runtime.cli serve --model tiny --port P ARGS``, waited on until /ready is 200."""
+    """``python -m clef_runtime.cli serve --model tiny --port P ARGS`` with a jobs database of its own in
+    ``tmp_dir`` (one server owns a jobs database; several of these run at once), waited on until /ready is
+    200."""
     port = free_port()
     return start_server_process(
-        clef_serve_argv("tiny", port, *args),
+        clef_serve_argv("tiny", port, "--jobs-db", str(tmp_dir / f"jobs-{port}.sqlite3"), *args),
         port,
         log_path=tmp_dir / f"serve-{port}.log",
         timeout=ready_timeout,
@@ -232,26 +234,6 @@ def test_systemone_client_sees_422_as_its_error_and_sends_keys(
 # ----------------------------------------------------------------------------------------- concurrency
 
 
-NOUL = {"type": "noul", "instructions": "Is a refund requested?"}
-CHOICE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "charges", "tech": None}}
-SCORE = {"type": "score", "instructions": "How urgent?", "criteria": ["can wait", "this week", "today"]}
-
-
-def _mixed(count: int) -> list[dict[str, Any]]:
-    bodies = []
-    for i in range(count):
-        questions: dict[str, Any] = {"refund": NOUL}
-        if i % 2:
-            questions["team"] = CHOICE
-        if i % 3:
-            questions["urgency"] = SCORE
-        state: Any = f"Ticket {i}: " + "please refund my order " * (i % 9 * 3)
-        if i % 4 == 0:
-            state = {"ticket": i, "text": state}
-        bodies.append({"model": "jev-latest", "state": state, "questions": questions})
-    return bodies
-
-
 def _numbers(answer: dict[str, Any]) -> dict[str, float]:
     if answer["type"] == "noul":
         return {"noul": answer["noul"]}
@@ -262,7 +244,7 @@ def _numbers(answer: dict[str, Any]) -> dict[str, float]:
 
 
 def test_64_concurrent_mixed_requests_equal_their_sequential_answers(tiny_server: ServerProcess) -> None:
-    bodies = _mixed(64)
+    bodies = mixed_requests(64)
     with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
         sequential = [client.post("/v1/systemone", json=body).json() for body in bodies]
     with ThreadPoolExecutor(64) as pool:
@@ -413,28 +395,42 @@ def test_images_reach_the_model_on_both_routes(tiny_server: ServerProcess) -> No
 # -------------------------------------------------------------------------------------------- SIGTERM
 
 
+def _gauge(metrics: str, name: str) -> float:
+    found = re.search(rf"^{name} ([0-9.e+]+)$", metrics, re.MULTILINE)
+    assert found is not None, name
+    return float(found.group(1))
+
+
 def test_sigterm_under_load_loses_no_accepted_request(tmp_path: Path) -> None:
-    server = start_server(tmp_path)
+    # At most 4 requests per engine call: 16 requests make 4 calls, so while the first runs the rest wait in
+    # the queue, and the signal can be sent with work both running and queued.
+    server = start_server(tmp_path, "--max-batch-size", "4")
     try:
-        bodies = _mixed(16)
+        bodies = mixed_requests(16)
         with ThreadPoolExecutor(16) as pool, httpx.Client(base_url=server.url, timeout=60) as probe:
             futures = [
                 pool.submit(httpx.post, server.url + "/v1/systemone", json=b, timeout=300) for b in bodies
             ]
             deadline = time.monotonic() + 60
-            while True:  # all 16 accepted: in flight (the probe's own request is the 17th)
-                text = probe.get("/metrics").text
-                inflight = float(
-                    re.search(r"^clef_inflight_requests ([0-9.]+)$", text, re.MULTILINE).group(1)
-                )
-                done = sum(f.done() for f in futures)
-                if inflight + done >= 17:
+            while True:
+                metrics = probe.get("/metrics").text
+                inflight = _gauge(metrics, "clef_inflight_requests")
+                queued = _gauge(metrics, "clef_queue_depth")
+                running = _gauge(metrics, "clef_running_requests")
+                answered = sum(f.done() for f in futures)
+                # Every request accepted (in flight or answered; the probe's own request is one more), and
+                # some of them in the engine while others wait for it.
+                if inflight + answered >= 17 and queued > 0 and running > 0:
                     break
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+                assert answered < len(bodies), "every request was answered before the signal could be sent"
+                assert time.monotonic() < deadline, metrics
+                time.sleep(0.005)
             server.process.send_signal(signal.SIGTERM)
+            unanswered_at_signal = sum(not f.done() for f in futures)
             responses = [f.result(300) for f in futures]
-        assert [r.status_code for r in responses] == [200] * 16
+        # The signal landed mid-load: requests were queued and running, and answers were still owed.
+        assert queued > 0 and running > 0 and unanswered_at_signal > 0
+        assert [r.status_code for r in responses] == [200] * len(bodies)
         assert server.process.wait(60) == 0
     finally:
         if server.process.poll() is None:
@@ -443,14 +439,14 @@ def test_sigterm_under_load_loses_no_accepted_request(tmp_path: Path) -> None:
     assert "stopped" in server.log()
 
 
-def test_deterministic_mode_gives_identical_bytes_with_the_real_model() -> None:
+def test_deterministic_mode_gives_identical_bytes_with_the_real_model(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from clef_runtime.server.app import create_app
     from clef_runtime.server.settings import ServerSettings
 
-    app = create_app(ServerSettings(model="tiny", deterministic=True))
-    bodies = _mixed(6)
+    app = create_app(ServerSettings(model="tiny", deterministic=True, jobs_db=str(tmp_path / "jobs.sqlite3")))
+    bodies = mixed_requests(6)
     with TestClient(app) as client:
         assert app.state.runtime.wait_until_loaded(300)
         with ThreadPoolExecutor(6) as pool:  # concurrent: in batching mode these would share engine calls

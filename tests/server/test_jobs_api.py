@@ -189,6 +189,20 @@ def test_unknown_job_is_404(jobs_app: Callable[..., Served]) -> None:
     assert client.get("/v1/jobs/job_nope/results").status_code == 404
 
 
+def test_a_bad_query_parameter_is_named_in_plain_words(jobs_app: Callable[..., Served]) -> None:
+    client = jobs_app().client
+    for query, message in (
+        ("limit=0", "limit must be at least 1, got 0"),
+        ("limit=500", "limit must be at most 100, got 500"),
+        ("limit=many", "limit must be an integer, got a string"),
+    ):
+        response = client.get(f"/v1/jobs?{query}")
+        assert response.status_code == 422
+        assert response.json()["detail"] == [
+            {"loc": ["query", "limit"], "msg": message, "type": response.json()["detail"][0]["type"]}
+        ]
+
+
 def test_job_lines_are_counted_in_metrics(jobs_app: Callable[..., Served]) -> None:
     client = jobs_app().client
     job = client.post("/v1/jobs", content=jsonl([request_line(0), request_line(1)])).json()

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SERVE_LOGGING_FAKE = textwrap.dedent(
     """
     import sys
-    from clef_runtime.server.cli import configure_logging, serve
+    from clef_runtime.serve_command import configure_logging, serve
     from clef_runtime.server.settings import ServerSettings
     from tests.server.fake_engine import FakeClef
 
@@ -145,7 +145,7 @@ def test_the_clef_jobs_client(tmp_path: Path) -> None:
         assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == [
             f"c{i}" for i in range(5)
         ]
-        listed = subprocess.run([*cli, "list"], capture_output=True, env=env, timeout=60)
+        listed = subprocess.run([*cli, "list", "--json"], capture_output=True, env=env, timeout=60)
         assert json.loads(listed.stdout)["data"][0]["id"] == job["id"]
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"state": "x"}\n')

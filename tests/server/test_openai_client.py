@@ -82,7 +82,10 @@ class Ticket(BaseModel):
 class Live:
     def __init__(self, engine: Clef, **settings: Any) -> None:
         port = free_port()
-        self.app = build_app(ServerSettings(**{"model": "tiny", "port": port, **settings}), engine)
+        # Several run at once, and a jobs database has one owner: these need no jobs.
+        self.app = build_app(
+            ServerSettings(**{"model": "tiny", "port": port, "jobs": False, **settings}), engine
+        )
         self.server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=port, log_config=None, access_log=False)
         )

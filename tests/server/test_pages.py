@@ -123,13 +123,25 @@ def test_status_json_reports_the_model_queue_requests_and_latency(serve_fake: Ca
     assert before["model"] == served.engine.name
     assert before["state"] == "ready"
     assert before["queue_depth"] == 0
-    assert before["requests"] == {"total": 0, "errors": 0, "window": 0, "p50_ms": None, "p95_ms": None}
+    assert before["requests"] == {
+        "total": 0,
+        "rejected": 0,
+        "errors": 0,
+        "window": 0,
+        "p50_ms": None,
+        "p95_ms": None,
+    }
     for _ in range(3):
         assert client.post("/v1/systemone", json={"state": "x", "questions": {"q": NOUL}}).status_code == 200
     assert client.post("/v1/systemone", json={"state": "x", "questions": {}}).status_code == 422
     client.get("/health")  # not a decision request
     after = client.get("/status.json").json()["requests"]
-    assert (after["total"], after["errors"], after["window"]) == (4, 1, 3)
+    assert (after["total"], after["rejected"], after["errors"], after["window"]) == (
+        4,
+        1,
+        0,
+        3,
+    )  # 422: rejected
     assert 0 < after["p50_ms"] <= after["p95_ms"]
 
 
@@ -158,7 +170,7 @@ def test_recent_requests_percentiles_are_nearest_rank_over_successes() -> None:
         recent.add(200, seconds)
     recent.add(422, 9.0)
     summary = recent.summary()
-    assert summary == {"total": 6, "errors": 1, "window": 4, "p50_ms": 200.0, "p95_ms": 400.0}
+    assert summary == {"total": 6, "rejected": 1, "errors": 0, "window": 4, "p50_ms": 200.0, "p95_ms": 400.0}
 
 
 def test_redoc_is_served_without_its_cdn_logo(client: TestClient) -> None:

@@ -1,12 +1,14 @@
 """The job runner: one thread that answers stored job lines through the batcher's background lane.
 
-It takes the oldest unfinished job's next lines without a result (`JobStore.next_lines`), prepares them
-(validation + encoding, as an interactive request), submits them as background items (they run only when
-no interactive request is waiting, see `clef_runtime.engine.scheduler`), and commits each outcome as it
-arrives. A line whose answer was not committed when the process died has no result and is taken again
-after the restart; a committed one is never recomputed: no line lost, none answered twice.
+It takes the oldest unfinished job of its model and that job's next lines without a result
+(`JobStore.next_lines`; jobs submitted to another model are left queued for a server of that model),
+prepares them (validation + encoding, as an interactive request), submits them as background items (they
+run only when no interactive request is waiting, see `clef_runtime.engine.scheduler`), and commits each
+outcome as it arrives. A line whose answer was not committed when the process died has no result and is
+taken again after the restart; a committed one is never recomputed: no line lost, none answered twice.
 
-The runner knows no HTTP and no model: it is given a ``prepare`` function and a ``submit`` function.
+The runner knows no HTTP and holds no model: it is given the model's identity (`JobModel`), a ``prepare``
+function and a ``submit`` function.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from clef_runtime.engine.scheduler import SchedulerClosedError
-from clef_runtime.jobs.store import JobStore, JobStoreUnavailable
+from clef_runtime.jobs.store import JobModel, JobStore, JobStoreUnavailable
 from clef_runtime.protocol.errors import ClefError, RequestValidationError
 
 __all__ = ["JobRunner", "error_object"]
@@ -45,13 +47,15 @@ def error_object(exc: BaseException) -> dict[str, Any]:
 
 
 class JobRunner:
-    """Answers job lines in the background. ``prepare(request_dict) -> (item, tokens, extras)`` validates and
-    encodes one request (``extras`` are merged into the response, e.g. ``x_truncated_state_tokens``);
-    ``submit(item, tokens) -> Future`` queues it in the batcher's background lane."""
+    """Answers the job lines of ``model`` in the background. ``prepare(request_dict) -> (item, tokens,
+    extras)`` validates and encodes one request (``extras`` are merged into the response, e.g.
+    ``x_truncated_state_tokens``); ``submit(item, tokens) -> Future`` queues it in the batcher's background
+    lane."""
 
     def __init__(
         self,
         store: JobStore,
+        model: JobModel,
         prepare: Callable[[Any], tuple[Any, int, dict[str, Any]]],
         submit: Callable[[Any, int], Future[dict[str, Any]]],
         *,
@@ -59,6 +63,7 @@ class JobRunner:
         on_line: Callable[[bool], None] | None = None,
     ) -> None:
         self.store = store
+        self.model = model
         self._prepare = prepare
         self._submit = submit
         self._window = window
@@ -86,9 +91,7 @@ class JobRunner:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        pending = self.store.unfinished_jobs()
-        if pending:
-            logger.info("resuming %d unfinished job(s): %s", len(pending), ", ".join(pending))
+        self._log_unfinished()
         while not self._stopping.is_set():
             try:
                 worked = self._step()
@@ -104,9 +107,27 @@ class JobRunner:
                 self._wake.wait(1.0)
                 self._wake.clear()
 
+    def _log_unfinished(self) -> None:
+        pending = self.store.unfinished_jobs()
+        mine = [job.id for job in pending if job.model is not None and job.model.ref == self.model.ref]
+        if mine:
+            logger.info("resuming %d unfinished job(s): %s", len(mine), ", ".join(mine))
+        others: dict[str, int] = {}
+        for job in pending:
+            if job.model is not None and job.model.ref != self.model.ref:
+                others[job.model.label] = others.get(job.model.label, 0) + 1
+        for label, count in sorted(others.items()):
+            logger.warning(
+                "%d unfinished job(s) were submitted to model %s, not %s: left queued for a server of that "
+                "model",
+                count,
+                label,
+                self.model.label,
+            )
+
     def _step(self) -> bool:
         """Run one window of lines. Returns False when there was nothing to do."""
-        found = self.store.next_lines(self._window)
+        found = self.store.next_lines(self._window, self.model)
         if found is None:
             return False
         job_id, lines = found

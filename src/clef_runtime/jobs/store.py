@@ -9,13 +9,25 @@ The file is ours only if its ``application_id`` says so: a damaged or foreign fi
 :class:`JobStoreError`, never silently reused or overwritten. Writes that fail (a full disk, a read-only
 file) raise :class:`JobStoreUnavailable`, which the server maps to 503 while the interactive routes go on.
 
-No HTTP and no model here: the server's routes and the runner use this module.
+One process owns a database: opening it takes an exclusive ``flock`` on the sidecar file ``<db>.lock`` (it
+holds the owner's pid) for as long as the store is open. Two servers sharing a file would both resume its
+jobs, computing lines twice and answering one job with two models; the second is refused with
+:class:`JobStoreLocked` instead. The operating system drops the lock when its process dies, so a crashed
+server never blocks its restart.
+
+Every job records the model it was submitted to (:class:`JobModel`): the runner of a server only takes the
+jobs of its own model, so a job is never answered by two models; another model's jobs stay queued until a
+server of that model opens the file.
+
+No HTTP and no model runs here (a job only names its model): the server's routes and the runner use this
+module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -26,22 +38,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (the platforms clef-runtime serves on have flock)
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "APPLICATION_ID",
     "IdempotencyConflict",
     "JobLine",
+    "JobModel",
     "JobRecord",
     "JobStatus",
     "JobStore",
     "JobStoreError",
+    "JobStoreLocked",
     "JobStoreUnavailable",
     "LineResult",
+    "lock_path_of",
     "owner_of",
 ]
 
 #: ``PRAGMA application_id`` of a clef-runtime jobs database ("CLFJ").
 APPLICATION_ID = 0x434C464A
-SCHEMA_VERSION = 1
+#: 2: jobs record their model (``model``, ``model_ref``); a version-1 file is migrated at open.
+SCHEMA_VERSION = 2
+_MIGRATABLE_VERSIONS = (1,)
 
 JobStatus = Literal["queued", "running", "completed", "cancelled"]
 
@@ -56,7 +78,9 @@ CREATE TABLE jobs (
     finished_at REAL,
     idempotency_key TEXT,
     body_digest TEXT NOT NULL,
-    seq INTEGER NOT NULL
+    seq INTEGER NOT NULL,
+    model TEXT,
+    model_ref TEXT
 );
 CREATE UNIQUE INDEX jobs_idempotency ON jobs(owner, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX jobs_owner_seq ON jobs(owner, seq);
@@ -84,6 +108,20 @@ class JobStoreError(RuntimeError):
     which file and what to do). Raised at open, so the server refuses to start instead of losing jobs."""
 
 
+class JobStoreLocked(JobStoreError):
+    """Another process owns the database (it holds the lock): two servers must not share one jobs file."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        owner = f"pid {pid}" if pid is not None else "pid unknown"
+        super().__init__(
+            f"the jobs database {path} is in use by another clef-runtime server ({owner}); a jobs database "
+            "belongs to one server: stop that server, give this one its own database with --jobs-db PATH, "
+            "or start it without batch jobs (--jobs off)"
+        )
+        self.path = path
+        self.pid = pid
+
+
 class JobStoreUnavailable(RuntimeError):
     """A write or read failed at run time (disk full, read-only file, I/O error): the job routes answer 503,
     the interactive routes are unaffected."""
@@ -103,6 +141,22 @@ def owner_of(api_key: str | None) -> str:
     if not api_key:
         return ""
     return hashlib.sha256(b"clef-jobs\x00" + api_key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """The model a job was submitted to: ``name`` as the API reports it, ``ref`` what identifies its weights
+    (a resolved directory, ``repo@revision``). Jobs are matched by ``ref``."""
+
+    name: str
+    ref: str
+
+    @property
+    def label(self) -> str:
+        """The name, with the ref when it says more (``clef-flash (/models/clef-flash)``)."""
+        if self.ref in (self.name, "") or self.ref.startswith(self.name + "@"):
+            return self.ref or self.name
+        return f"{self.name} ({self.ref})"
 
 
 @dataclass(frozen=True)
@@ -139,6 +193,13 @@ class JobRecord:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    model: JobModel | None = None
+    """The model the job was submitted to (None only for a job no server has claimed since the migration)."""
+
+    @property
+    def unfinished(self) -> bool:
+        """Queued or running."""
+        return self.status in ("queued", "running")
 
     def as_api(self) -> dict[str, Any]:
         """The ``GET /v1/jobs/{id}`` body."""
@@ -146,6 +207,7 @@ class JobRecord:
         return {
             "id": self.id,
             "object": "job",
+            "model": self.model.name if self.model is not None else None,
             "status": self.status,
             "counts": {"total": self.total, "done": self.done, "failed": self.failed},
             "progress": round(finished / self.total, 4) if self.total else 1.0,
@@ -166,32 +228,43 @@ class JobStore:
     serialises writers anyway, and every call is short)."""
 
     def __init__(self, path: str | Path) -> None:
-        """Open (or create) the database at ``path``. Raises :class:`JobStoreError` for a damaged or foreign
-        file, or one that cannot be created."""
+        """Open (or create) the database at ``path`` and take its lock for as long as the store is open.
+        Raises :class:`JobStoreLocked` when another process has it open, :class:`JobStoreError` for a damaged
+        or foreign file, or one that cannot be created."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._owner_fd: int | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._owner_fd = _take_ownership(self.path)
             existed = self.path.exists() and self.path.stat().st_size > 0
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
             self._db.row_factory = sqlite3.Row
             self._open(existed)
-        except sqlite3.DatabaseError as exc:
-            raise JobStoreError(
-                f"the jobs database {self.path} cannot be used ({exc}); it is damaged or not a clef-runtime "
-                "jobs database: move it away (nothing was changed) or point --jobs-db elsewhere"
-            ) from None
-        except OSError as exc:
-            raise JobStoreError(f"the jobs database {self.path} cannot be opened: {exc}") from None
+        except BaseException as exc:
+            db = getattr(self, "_db", None)
+            if db is not None:
+                db.close()
+            self._release_ownership()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise JobStoreError(
+                    f"the jobs database {self.path} cannot be used ({exc}); it is damaged or not a "
+                    "clef-runtime jobs database: move it away (nothing was changed) or point --jobs-db "
+                    "elsewhere"
+                ) from None
+            if isinstance(exc, OSError):
+                raise JobStoreError(f"the jobs database {self.path} cannot be opened: {exc}") from None
+            raise
 
     def _open(self, existed: bool) -> None:
         db = self._db
         app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = SCHEMA_VERSION
         if existed:
             if app_id != APPLICATION_ID:
                 raise sqlite3.DatabaseError("application_id is not clef-runtime's")
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
+            if version != SCHEMA_VERSION and version not in _MIGRATABLE_VERSIONS:
                 raise sqlite3.DatabaseError(f"schema version {version}, this release reads {SCHEMA_VERSION}")
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
@@ -207,6 +280,17 @@ class JobStore:
                         db.execute(statement)
                 db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        elif version == 1:
+            # Version 1 had no model column: its jobs stay unclaimed (model NULL) until `claim_unbound`.
+            with self._transaction():
+                db.execute("ALTER TABLE jobs ADD COLUMN model TEXT")
+                db.execute("ALTER TABLE jobs ADD COLUMN model_ref TEXT")
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _release_ownership(self) -> None:
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)  # closing the descriptor drops its flock
+            self._owner_fd = None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -229,9 +313,10 @@ class JobStore:
             raise JobStoreUnavailable(f"the jobs database {self.path} failed: {exc}") from None
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection and give up the database (another server may open it then)."""
         with self._lock:
             self._db.close()
+            self._release_ownership()
 
     # ----------------------------------------------------------------------------------------- writes
 
@@ -240,10 +325,12 @@ class JobStore:
         owner: str,
         lines: Sequence[JobLine],
         *,
+        model: JobModel,
         body_digest: str,
         idempotency_key: str | None = None,
     ) -> tuple[JobRecord, bool]:
-        """Store a new job with its lines (lines refused at submission get their failed result at once).
+        """Store a new job of ``model`` with its lines (lines refused at submission get their failed result at
+        once).
 
         With ``idempotency_key``: the same key and body return the existing job (``created`` False); the
         same key with another body raises :class:`IdempotencyConflict`. Returns ``(job, created)``.
@@ -265,9 +352,9 @@ class JobStore:
             job_id = "job_" + uuid.uuid4().hex
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             db.execute(
-                "INSERT INTO jobs (id, owner, status, total, created_at, idempotency_key, body_digest, seq) "
-                "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
-                (job_id, owner, len(lines), now, idempotency_key, body_digest, seq),
+                "INSERT INTO jobs (id, owner, status, total, created_at, idempotency_key, body_digest, seq, "
+                "model, model_ref) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, owner, len(lines), now, idempotency_key, body_digest, seq, model.name, model.ref),
             )
             db.executemany(
                 "INSERT INTO lines (job_id, line, custom_id, request, invalid) VALUES (?, ?, ?, ?, ?)",
@@ -300,6 +387,15 @@ class JobStore:
                 (job_id, line, int(ok), text, time.time()),
             )
             return cursor.rowcount == 1
+
+    def claim_unbound(self, model: JobModel) -> int:
+        """Bind the jobs that record no model (submitted before jobs recorded one) to ``model``: the server
+        that opens a migrated file first. Returns how many were bound."""
+        with self._guard(), self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET model = ?, model_ref = ? WHERE model_ref IS NULL", (model.name, model.ref)
+            )
+            return int(cursor.rowcount)
 
     def mark_running(self, job_id: str) -> None:
         """queued -> running (sets started_at once)."""
@@ -365,6 +461,7 @@ class JobStore:
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            model=JobModel(row["model"] or "", row["model_ref"]) if row["model_ref"] is not None else None,
         )
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
@@ -398,21 +495,25 @@ class JobStore:
             records = [self._get_locked(row["id"]) for row in rows[:limit]]
         return [r for r in records if r is not None], len(rows) > limit
 
-    def active_count(self, owner: str) -> int:
-        """Jobs of ``owner`` that are queued or running."""
+    def active_count(self, owner: str, model: JobModel) -> int:
+        """Jobs of ``owner`` for ``model`` that are queued or running (another model's jobs wait for another
+        server and take nothing from this one)."""
         with self._guard(), self._lock:
             return int(
                 self._db.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')", (owner,)
+                    "SELECT COUNT(*) FROM jobs WHERE owner = ? AND model_ref = ? "
+                    "AND status IN ('queued', 'running')",
+                    (owner, model.ref),
                 ).fetchone()[0]
             )
 
-    def next_lines(self, limit: int) -> tuple[str, list[JobLine]] | None:
-        """The oldest unfinished job and up to ``limit`` of its lines without a result, in line order (what
-        the runner does next), or None when no job has work left."""
+    def next_lines(self, limit: int, model: JobModel) -> tuple[str, list[JobLine]] | None:
+        """The oldest unfinished job of ``model`` and up to ``limit`` of its lines without a result, in line
+        order (what the runner does next), or None when no job of that model has work left."""
         with self._guard(), self._lock:
             jobs = self._db.execute(
-                "SELECT id FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
+                "SELECT id FROM jobs WHERE status IN ('queued', 'running') AND model_ref = ? ORDER BY seq",
+                (model.ref,),
             ).fetchall()
             for job in jobs:
                 rows = self._db.execute(
@@ -425,13 +526,14 @@ class JobStore:
                     return job["id"], [JobLine(r["line"], r["custom_id"], r["request"]) for r in rows]
         return None
 
-    def unfinished_jobs(self) -> list[str]:
-        """Ids of jobs queued or running, oldest first."""
+    def unfinished_jobs(self) -> list[JobRecord]:
+        """The jobs queued or running (of every model), oldest first."""
         with self._guard(), self._lock:
             rows = self._db.execute(
                 "SELECT id FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
             ).fetchall()
-        return [row["id"] for row in rows]
+            records = [self._get_locked(row["id"]) for row in rows]
+        return [record for record in records if record is not None]
 
     def results(self, job_id: str, *, after_line: int = 0, limit: int = 500) -> list[LineResult]:
         """Committed results of a job in line order, ``limit`` at a time after ``after_line``."""
@@ -443,3 +545,35 @@ class JobStore:
                 (job_id, after_line, limit),
             ).fetchall()
         return [LineResult(r["line"], r["custom_id"], bool(r["ok"]), json.loads(r["payload"])) for r in rows]
+
+
+def lock_path_of(path: Path) -> Path:
+    """The sidecar file whose lock marks the owner of the database ``path`` (``jobs.sqlite3.lock``)."""
+    return path.with_name(path.name + ".lock")
+
+
+def _take_ownership(path: Path) -> int | None:
+    """Take the database's lock (non-blocking) and write this process's pid into the lock file. Returns the
+    descriptor that holds it (None where the platform has no flock). Raises :class:`JobStoreLocked` when
+    another open store holds it (in this process or another)."""
+    if fcntl is None:
+        return None
+    lock_path = lock_path_of(path)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _pid_in(fd)
+        os.close(fd)
+        raise JobStoreLocked(path, pid) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _pid_in(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None

@@ -39,6 +39,7 @@ from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
 from clef_runtime.model import memory
 from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
 from clef_runtime.model.device import resolve_device, resolve_dtype
+from clef_runtime.model.fused import quiet_fallback_advice
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
 from clef_runtime.model.quantize import Int8Plan
 from clef_runtime.model.weights import WeightPlan, apply_bf16_storage, plan_weights
@@ -375,9 +376,11 @@ def _device_and_dtype(
     device: str | torch.device, dtype: torch.dtype | str | None, threads: int | None, fused_kernels: bool
 ) -> tuple[torch.device, torch.dtype]:
     """Resolve the device and compute dtype, set torch's thread count for it and, off CPU, choose the
-    DeltaNet kernels (`clef_runtime.model.fused`, process-wide). Returns both."""
+    DeltaNet kernels (`clef_runtime.model.fused`, process-wide; on CPU transformers' advice to install them
+    is dropped). Returns both."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(resolved_device, dtype)
+    quiet_fallback_advice(resolved_device.type)
     if resolved_device.type == "cpu":
         configure_cpu_threads(threads)
     else:

@@ -10,17 +10,30 @@ for the CUDA path to use them.
 the reference functions underneath (or back again), for comparisons such as ``benchmarks/gpu_check.py``.
 It is process-wide: every Qwen3.5 model in the process follows the last call. On CPU clef-runtime's own
 kernels (`clef_runtime.model.kernels`) replace the DeltaNet forward and use neither.
+
+transformers warns, the first time a reference function runs, that ``causal_conv1d`` or
+``flash-linear-attention`` should be installed for speed. Both are CUDA-only: on CPU the advice cannot be
+followed (the per-token steps the CPU kernels leave to transformers are the only implementation there), so
+`quiet_fallback_advice` drops that warning while no model of the process is on an accelerator, and keeps it
+once one is, where it says something true.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FUSED_FUNCTIONS", "FUSED_PACKAGES", "fused_kernels_status", "set_fused_kernels"]
+__all__ = [
+    "FUSED_FUNCTIONS",
+    "FUSED_PACKAGES",
+    "fused_kernels_status",
+    "quiet_fallback_advice",
+    "set_fused_kernels",
+]
 
 #: The DeltaNet functions of transformers' Qwen3.5 module that a fused package can provide.
 FUSED_FUNCTIONS = (
@@ -84,3 +97,35 @@ def set_fused_kernels(enabled: bool) -> None:
         _remember_originals(module)
         for name, original in _ORIGINALS.items():
             setattr(module, name, original if enabled else inspect.unwrap(original))
+
+
+#: Where transformers says a DeltaNet function "is falling back to its reference PyTorch implementation".
+FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
+_FALLBACK_PHRASE = "falling back to its reference PyTorch implementation"
+_PACKAGE_NAMES = tuple(f"`{name}`" for pair in FUSED_PACKAGES.items() for name in pair)
+_devices: set[str] = set()
+"""Device types the process has loaded a model on (`quiet_fallback_advice`)."""
+
+
+class _FallbackAdviceFilter(logging.Filter):
+    """Drops the advice to install a CUDA-only package while every model of the process is on the CPU."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _devices - {"cpu"}:
+            return True
+        message = record.getMessage()
+        return not (_FALLBACK_PHRASE in message and any(name in message for name in _PACKAGE_NAMES))
+
+
+_FILTER = _FallbackAdviceFilter()
+
+
+def quiet_fallback_advice(device_type: str) -> None:
+    """Note that a model is loaded on ``device_type`` (``"cpu"``, ``"cuda"``, ...): transformers' advice to
+    install the fused packages is dropped while only CPU models are loaded (it cannot apply there) and kept
+    from the first model on an accelerator on. Idempotent."""
+    with _LOCK:
+        _devices.add(device_type)
+        logger = logging.getLogger(FALLBACK_LOGGER)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

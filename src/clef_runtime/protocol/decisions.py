@@ -31,6 +31,7 @@ probability}]}``; a question without an answer would get ``refusal {name}`` (Cle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -50,6 +51,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.plain_errors import error_loc, plain_error
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
     MAX_QUESTION_ID_CHARS,
@@ -82,14 +84,28 @@ __all__ = [
 # --------------------------------------------------------------------------------------------- parts
 
 
-def _text_as_parts(value: Any) -> Any:
-    # A plain string is shorthand for one text part; normalising here keeps one code path (and no
-    # str|list union, whose per-member errors would be confusing).
-    if isinstance(value, str):
-        return [{"type": "input_text", "text": value}]
-    if isinstance(value, list):
-        return value
-    raise PydanticCustomError("text_or_parts_type", "must be a string or an array of content parts")
+def _string_shorthand(
+    one: Callable[[str], dict[str, Any]], error_type: str, message: str
+) -> Callable[[Any], Any]:
+    """A before-validator for a field that takes an array or, as shorthand for its one-element array
+    ``[one(string)]``, a string. Normalising here keeps one code path, and no str|list union whose
+    per-member errors would be confusing: anything else is the one error ``message``."""
+
+    def validate(value: Any) -> Any:
+        if isinstance(value, str):
+            return [one(value)]
+        if isinstance(value, list):
+            return value
+        raise PydanticCustomError(error_type, message)
+
+    return validate
+
+
+_text_as_parts = _string_shorthand(
+    lambda text: {"type": "input_text", "text": text},
+    "text_or_parts_type",
+    "must be a string or an array of content parts",
+)
 
 
 class _Part(BaseModel):
@@ -118,7 +134,14 @@ class InputJsonPart(_Part):
     @field_validator("data", mode="before")
     @classmethod
     def _data_is_json(cls, value: Any) -> Any:
-        return check_json_value(value) if isinstance(value, dict | list) else value
+        # One clear error instead of one per union member (an object, an array of objects).
+        if not (
+            isinstance(value, dict) or (isinstance(value, list) and all(isinstance(v, dict) for v in value))
+        ):
+            raise PydanticCustomError(
+                "input_json_data_type", "data must be a JSON object or an array of objects"
+            )
+        return check_json_value(value)
 
 
 class InputImagePart(_Part):
@@ -149,7 +172,10 @@ ContentPart = Annotated[
 ]
 
 _TEXT_OR_PARTS_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
-TextOrParts = Annotated[list[ContentPart], WithJsonSchema(_TEXT_OR_PARTS_SCHEMA)]
+TextOrParts = Annotated[
+    list[ContentPart], BeforeValidator(_text_as_parts), WithJsonSchema(_TEXT_OR_PARTS_SCHEMA)
+]
+"""A string (one text part) or an array of content parts: message content, tool output, instructions."""
 
 
 # --------------------------------------------------------------------------------------------- input
@@ -166,48 +192,34 @@ class InputMessage(_Item):
     role: Literal["user", "developer", "system", "assistant"]
     content: TextOrParts
 
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content_as_parts(cls, value: Any) -> Any:
-        return _text_as_parts(value)
+
+class _ToolCall(_Item):
+    call_id: StrictText
+    name: StrictText
+    namespace: StrictText | None = None
 
 
-class FunctionCallItem(_Item):
+class _ToolOutput(_Item):
+    call_id: StrictText
+    output: TextOrParts
+
+
+class FunctionCallItem(_ToolCall):
     type: Literal["function_call"]
-    call_id: StrictText
-    name: StrictText
     arguments: StrictText
-    namespace: StrictText | None = None
 
 
-class FunctionCallOutputItem(_Item):
+class FunctionCallOutputItem(_ToolOutput):
     type: Literal["function_call_output"]
-    call_id: StrictText
-    output: TextOrParts
-
-    @field_validator("output", mode="before")
-    @classmethod
-    def _output_as_parts(cls, value: Any) -> Any:
-        return _text_as_parts(value)
 
 
-class CustomToolCallItem(_Item):
+class CustomToolCallItem(_ToolCall):
     type: Literal["custom_tool_call"]
-    call_id: StrictText
-    name: StrictText
     input: StrictText
-    namespace: StrictText | None = None
 
 
-class CustomToolCallOutputItem(_Item):
+class CustomToolCallOutputItem(_ToolOutput):
     type: Literal["custom_tool_call_output"]
-    call_id: StrictText
-    output: TextOrParts
-
-    @field_validator("output", mode="before")
-    @classmethod
-    def _output_as_parts(cls, value: Any) -> Any:
-        return _text_as_parts(value)
 
 
 def _item_tag(value: Any) -> str | None:
@@ -245,11 +257,6 @@ class _DecisionQuestion(BaseModel):
     name: QuestionName | None = Field(
         default=None, description="Echoed in the answer; also the question id the model reads."
     )
-
-    @field_validator("instructions", mode="before")
-    @classmethod
-    def _instructions_as_parts(cls, value: Any) -> Any:
-        return _text_as_parts(value)
 
 
 class DecisionPredicateQuestion(_DecisionQuestion):
@@ -318,12 +325,11 @@ DecisionQuestion = Annotated[
 ]
 
 
-def _items_of_input(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list):
-        return value
-    raise PydanticCustomError("input_type", "input must be a string or an array of input items")
+_items_of_input = _string_shorthand(
+    lambda text: {"role": "user", "content": text},
+    "input_type",
+    "input must be a string or an array of input items",
+)
 
 
 class DecisionsRequest(BaseModel):
@@ -336,16 +342,12 @@ class DecisionsRequest(BaseModel):
     input: Annotated[
         list[InputItem],
         Field(min_length=1),
+        BeforeValidator(_items_of_input),
         WithJsonSchema(
             {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]}
         ),
     ] = Field(description="A string, or an ordered array of messages and tool items.")
     questions: Annotated[list[DecisionQuestion], Field(min_length=1, max_length=MAX_QUESTIONS)]
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input_as_items(cls, value: Any) -> Any:
-        return _items_of_input(value)
 
 
 # ----------------------------------------------------------------------------------------- responses
@@ -500,12 +502,9 @@ def parse_decisions_request(data: Any) -> DecisionsRequest:
     try:
         return DecisionsRequest.model_validate(data)
     except ValidationError as exc:
-        errors: list[ErrorItem] = []
-        for err in exc.errors(include_url=False):
-            # A problem inside a value (a key of input_json data, say) carries its path within the field.
-            loc = (*err["loc"], *(err.get("ctx") or {}).get("path", ()))
-            errors.append({"loc": _strip_union_tags(loc, data), "msg": err["msg"], "type": err["type"]})
-        raise RequestValidationError(errors) from None
+        raise RequestValidationError(
+            plain_error(err, _strip_union_tags(error_loc(err), data)) for err in exc.errors(include_url=False)
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------- mapping
@@ -597,7 +596,7 @@ def _state_of(items: list[Any], images: list[dict[str, Any]]) -> Any:
         if isinstance(item, InputMessage):
             content = _one_or_many(_pieces(item.content, ("input", i, "content"), images))
             rendered.append({"role": item.role, "content": content})
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        elif isinstance(item, _ToolOutput):
             output = _one_or_many(_pieces(item.output, ("input", i, "output"), images))
             rendered.append({"type": item.type, "call_id": item.call_id, "output": output})
         else:

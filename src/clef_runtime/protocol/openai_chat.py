@@ -63,6 +63,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError, format_loc
+from clef_runtime.protocol.plain_errors import plain_error
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
     MAX_QUESTIONS,
@@ -150,9 +151,7 @@ def parse_chat_request(data: Any) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(
-            {"loc": tuple(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
-        ) from None
+        raise RequestValidationError(plain_error(e) for e in exc.errors()) from None
 
 
 # ------------------------------------------------------------------------------------------------ plan

@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.plain_errors import error_loc, plain_message
 from clef_runtime.protocol.values import Text, check_json_value, check_keys
 
 __all__ = [
@@ -224,29 +225,28 @@ _TAG_ERRORS = {"union_tag_invalid", "union_tag_not_found"}
 
 
 def _clean_error(err: dict[str, Any]) -> ErrorItem:
-    loc = list(err["loc"])
-    msg = err["msg"]
+    loc = list(error_loc(err))
     type_ = err["type"]
     # Discriminated unions insert the tag into the location: questions.<id>.choice.criteria.
     if len(loc) >= 3 and loc[0] == "questions" and loc[2] in QUESTION_TYPES:
         del loc[2]
-    # A problem inside a value (a key or item of the state, say) carries its path within the field.
-    loc.extend((err.get("ctx") or {}).get("path", ()))
     if type_ in _TAG_ERRORS:
         loc.append("type")
-        if type_ == "union_tag_not_found":
-            msg = "field required: 'type' must be one of 'noul', 'choice', 'score'"
-        else:
-            given = err.get("input", {}).get("type")
-            msg = f"unknown question type {given!r}; expected 'noul', 'choice' or 'score'"
     # Dict keys are reported as <key>.[key]; name the key itself.
-    if loc and loc[-1] == "[key]":
+    key_error = bool(loc) and loc[-1] == "[key]"
+    if key_error:
         loc.pop()
-        if loc[:1] == ["questions"] and len(loc) == 2:
-            msg = f"question id must be a string of 1 to {MAX_QUESTION_ID_CHARS} characters"
-        elif loc[:1] == ["questions"] and loc[-2:-1] == ["criteria"]:
-            msg = "noul criteria keys must be 'true' or 'false'"
-    if type_ == "model_attributes_type" and loc and loc[0] == "questions" and len(loc) == 2:
+    msg = plain_message(err, loc)
+    if type_ == "union_tag_not_found":
+        msg = "field required: 'type' must be one of 'noul', 'choice', 'score'"
+    elif type_ == "union_tag_invalid":
+        given = err.get("input", {}).get("type")
+        msg = f"unknown question type {given!r}; expected 'noul', 'choice' or 'score'"
+    elif key_error and loc[:1] == ["questions"] and len(loc) == 2:
+        msg = f"question id must be a string of 1 to {MAX_QUESTION_ID_CHARS} characters"
+    elif key_error and loc[:1] == ["questions"] and loc[-2:-1] == ["criteria"]:
+        msg = "noul criteria keys must be 'true' or 'false'"
+    elif type_ == "model_attributes_type" and loc and loc[0] == "questions" and len(loc) == 2:
         msg = "a question must be an object with a 'type'"
     return {"loc": tuple(loc), "msg": msg, "type": type_}
 

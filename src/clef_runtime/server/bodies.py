@@ -2,6 +2,10 @@
 
 The limit applies twice: to the bytes on the wire (checked against ``Content-Length`` before reading and
 while streaming) and to the decompressed bytes (so a small zstd bomb cannot expand into memory).
+
+``curl -d '{...}'`` labels its body ``application/x-www-form-urlencoded`` unless told otherwise: a body of
+that type that parses as JSON is taken as the JSON it is; one that does not gets a 415 saying which header
+to send. Multipart bodies (file uploads) are always 415.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from starlette.requests import ClientDisconnect, Request
 
 from clef_runtime.server.errors import ApiError, ClientGone
 
-__all__ = ["decode_content", "parse_json", "read_body"]
+__all__ = ["check_content_type", "decode_content", "parse_json", "read_body"]
+
+_FORM_TYPE = "application/x-www-form-urlencoded"
+_JSON_HINT = "send the JSON with -H 'Content-Type: application/json'"
 
 
 def _too_large(limit: int, what: str) -> ApiError:
@@ -113,15 +120,45 @@ def decode_content(data: bytes, content_encoding: str | None, limit: int) -> byt
     return data
 
 
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def check_content_type(content_type: str | None) -> None:
+    """Refuse, before the body is read, a type no JSON route accepts: multipart (file uploads).
+
+    Raises :class:`ApiError` 415. A missing type, JSON and a form type pass (see `parse_json`)."""
+    media_type = _media_type(content_type)
+    if media_type.startswith("multipart/"):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {media_type!r} is not supported: images and files go inside the JSON body "
+            f"(data: URLs), not as multipart parts; {_JSON_HINT}",
+        )
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json(data: bytes) -> Any:
+def parse_json(data: bytes, content_type: str | None = None) -> Any:
     """Parse a body as strict JSON (UTF-8, no NaN/Infinity).
 
-    Returns the value. Raises :class:`ApiError` 422 with FastAPI's ``json_invalid`` shape on any problem.
+    Returns the value. Raises :class:`ApiError` 422 with FastAPI's ``json_invalid`` shape on any problem; for
+    a body sent as ``application/x-www-form-urlencoded`` (curl's ``-d`` without a Content-Type) that is not
+    JSON, 415 naming the header to send instead.
     """
+    if _media_type(content_type) == _FORM_TYPE:
+        try:
+            return parse_json(data)
+        except ApiError:
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"the body is sent as {_FORM_TYPE} (curl -d does that) and is not JSON; form fields are not "
+                f"supported: {_JSON_HINT}",
+            ) from None
 
     def invalid(position: int | None, reason: str) -> ApiError:
         loc: tuple[Any, ...] = ("body",) if position is None else ("body", position)

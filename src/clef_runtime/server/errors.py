@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestValidationError
+from clef_runtime.protocol.plain_errors import plain_message
 
 __all__ = [
     "ApiError",
@@ -212,7 +213,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def handle_fastapi_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, FastAPIValidationError)
         errors = [
-            {"loc": tuple(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {"loc": tuple(e.get("loc", ())), "msg": plain_message(e), "type": e.get("type", "")}
             for e in exc.errors()
         ]
         # FastAPI's own locations already start with body/query/header.

@@ -1,8 +1,10 @@
 """The server side of batch jobs: the store, the runner bound to this server's engine and batcher, and the
 validation of a submitted JSONL body.
 
-`JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file stops
-the server with a clear message); the runner starts once the model is ready and resumes unfinished jobs.
+`JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file, or one
+another server owns, stops the server with a clear message); the runner starts once the model is ready and
+resumes the unfinished jobs of this server's model (`job_model`): a job is only ever answered by the model
+it was submitted to.
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clef_runtime.jobs.runner import JobRunner, error_object
-from clef_runtime.jobs.store import JobLine, JobStore
+from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore
+from clef_runtime.model.checkpoint import PINNED_REPO_ID, PINNED_REVISION
+from clef_runtime.model.resolve import TINY_SPEC, tiny_cache_path
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import parse_request
 from clef_runtime.server.runtime import ServerRuntime
 from clef_runtime.server.settings import ServerSettings
 
-__all__ = ["CUSTOM_ID_MAX_CHARS", "JobsService", "ParsedJob", "parse_job_body"]
+__all__ = ["CUSTOM_ID_MAX_CHARS", "JobsService", "ParsedJob", "job_model", "parse_job_body"]
 
 logger = logging.getLogger("clef_runtime.jobs")
 
@@ -127,23 +132,60 @@ def _line_errors(number: int, error: RequestValidationError) -> list[dict[str, A
     ]
 
 
-class JobsService:
-    """The store and the runner of one server process."""
+def job_model(spec: str) -> JobModel:
+    """The identity jobs record for the ``--model`` value ``spec``, known before the model loads (jobs are
+    accepted while it loads): ``tiny`` with its build (random weights differ between builds), a local
+    directory by its resolved path, a Hugging Face repo with its revision (the pinned one for Clef-flash,
+    ``main`` for others, as the loader resolves them)."""
+    spec = spec.strip()
+    if spec == TINY_SPEC:
+        return JobModel(TINY_SPEC, tiny_cache_path().name)
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        resolved = local.resolve()
+        return JobModel(resolved.name, str(resolved))
+    repo, _, revision = spec.partition("@")
+    if not revision and repo.count("/") == 1:
+        revision = PINNED_REVISION if repo.lower() == PINNED_REPO_ID.lower() else "main"
+    return JobModel(repo, f"{repo}@{revision}" if revision else repo)
 
-    def __init__(self, settings: ServerSettings, runtime: ServerRuntime, store: JobStore) -> None:
+
+class JobsService:
+    """The store and the runner of one server process, bound to the model it serves."""
+
+    def __init__(
+        self, settings: ServerSettings, runtime: ServerRuntime, store: JobStore, model: JobModel
+    ) -> None:
         self.settings = settings
         self.runtime = runtime
         self.store = store
-        self.runner = JobRunner(store, self._prepare, self._submit, on_line=self._count)
+        self.model = model
+        self.runner = JobRunner(store, model, self._prepare, self._submit, on_line=self._count)
         self._started = False
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, settings: ServerSettings, runtime: ServerRuntime) -> JobsService:
-        """Open the store at ``settings.jobs_db_path``. Raises JobStoreError for a damaged or foreign file."""
+        """Open the store at ``settings.jobs_db_path`` and own it while the server runs. Raises JobStoreError
+        for a damaged or foreign file, JobStoreLocked when another server has it open."""
+        model = job_model(settings.model)
         store = JobStore(settings.jobs_db_path)
-        logger.info("batch jobs stored in %s", store.path)
-        return cls(settings, runtime, store)
+        claimed = store.claim_unbound(model)
+        if claimed:
+            logger.info("%d job(s) that recorded no model now belong to %s", claimed, model.label)
+        logger.info("batch jobs of model %s stored in %s", model.label, store.path)
+        return cls(settings, runtime, store, model)
+
+    def describe(self, record: JobRecord) -> dict[str, Any]:
+        """The API body of a job; an unfinished job of another model says why it does not move."""
+        body = record.as_api()
+        if record.unfinished and (record.model is None or record.model.ref != self.model.ref):
+            other = record.model.label if record.model is not None else "an unknown model"
+            body["x_waiting_for_model"] = (
+                f"this job was submitted to model {other}; this server runs {self.model.label} and leaves it "
+                "queued until a server of that model opens this jobs database"
+            )
+        return body
 
     def _prepare(self, request: Any) -> tuple[Any, int, dict[str, Any]]:
         engine = self.runtime.require_ready()

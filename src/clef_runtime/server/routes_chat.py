@@ -103,7 +103,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error_doc("Invalid request, undecidable schema property, n > 1, tools, no schema (param names it)"),
     401: _error_doc("Missing or wrong API key (auth on)"),
     413: _error_doc("Body over --max-body-bytes"),
-    415: _error_doc("Unsupported Content-Encoding or form/multipart body"),
+    415: _error_doc("Unsupported Content-Encoding, multipart body, or a form-typed body that is not JSON"),
     429: _error_doc("Queue full; see Retry-After"),
     500: _error_doc("Internal error; the message names the request id"),
     503: _error_doc("Model not loaded yet (or shutting down); see Retry-After"),

@@ -1,7 +1,9 @@
 """``/v1/jobs``: durable batch jobs (submit a JSONL body, poll, stream results, cancel, list).
 
 Jobs belong to the API key that created them (a digest of it; all callers share one owner with auth off):
-another key gets 404 for them, as if they did not exist.
+another key gets 404 for them, as if they did not exist. A job records the model it was submitted to; an
+unfinished job of another model (the jobs database was served by another model before) stays queued and
+says so in ``x_waiting_for_model``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from clef_runtime.jobs.store import IdempotencyConflict, JobStoreUnavailable, owner_of
+from clef_runtime.jobs.store import IdempotencyConflict, JobRecord, JobStoreUnavailable, owner_of
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.server.bodies import decode_content, read_body
 from clef_runtime.server.errors import ApiError, validation_error
@@ -31,6 +33,7 @@ _IDEMPOTENCY_KEY_MAX = 256
 _JOB_EXAMPLE = {
     "id": "job_5a0c3c0e2f7b4f0f9e1d2c3b4a596877",
     "object": "job",
+    "model": "clef-flash",
     "status": "running",
     "counts": {"total": 2000, "done": 812, "failed": 3},
     "progress": 0.4075,
@@ -163,12 +166,13 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
         )
     if (
         idempotency_key is None
-        and await _store_call(service.store.active_count, owner) >= settings.jobs_max_active
+        and await _store_call(service.store.active_count, owner, service.model) >= settings.jobs_max_active
     ):
         raise ApiError(
             429,
             "too_many_jobs",
-            f"{settings.jobs_max_active} jobs are already queued or running for this key (--jobs-max-active)",
+            f"{settings.jobs_max_active} jobs are already queued or running for this key on this model "
+            "(--jobs-max-active)",
             headers={"Retry-After": "60"},
         )
     try:
@@ -176,6 +180,7 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
             service.store.create,
             owner,
             parsed.lines,
+            model=service.model,
             body_digest=parsed.digest,
             idempotency_key=idempotency_key,
         )
@@ -183,7 +188,7 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
         raise ApiError(409, "idempotency_conflict", str(exc)) from None
     if created:
         service.runner.notify()
-    return JSONResponse(record.as_api(), status_code=202 if created else 200)
+    return JSONResponse(service.describe(record), status_code=202 if created else 200)
 
 
 @router.get(
@@ -207,14 +212,18 @@ async def list_jobs(
     service = _service(request)
     owner = _owner(request)
     records, more = await _store_call(service.store.list, owner, limit=limit, after=after)
-    data = [r.as_api() for r in records]
+    data = [service.describe(r) for r in records]
     return {"object": "list", "data": data, "has_more": more, "last_id": data[-1]["id"] if data else None}
 
 
-async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
+async def _job_or_404(
+    request: Request, job_id: str, *, cancel: bool = False
+) -> tuple[JobsService, JobRecord]:
+    """The caller's job (cancelled first with ``cancel``), or a 404 when the key has no such job."""
     service = _service(request)
     owner = _owner(request)
-    record = await _store_call(service.store.get, job_id, owner)
+    action = service.store.cancel if cancel else service.store.get
+    record = await _store_call(action, job_id, owner)
     if record is None:
         raise ApiError(404, "not_found_error", f"no job {job_id!r} for this key")
     return service, record
@@ -223,8 +232,10 @@ async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
 @router.get(
     "/v1/jobs/{job_id}",
     summary="A batch job's status, counts and progress",
-    description="Status (`queued`, `running`, `completed` or `cancelled`), the counts of lines done and "
-    "failed, progress and timestamps. Another API key's job is a 404.",
+    description="Status (`queued`, `running`, `completed` or `cancelled`), the model the job was submitted "
+    "to, the counts of lines done and failed, progress and timestamps. Another API key's job is a 404. A job "
+    "is only answered by its own model: an unfinished job of another model stays queued, and "
+    "`x_waiting_for_model` says which model it waits for.",
     responses={
         200: json_example("The job", _JOB_EXAMPLE),
         **_JOB_ERRORS,
@@ -232,9 +243,8 @@ async def _job_or_404(request: Request, job_id: str) -> tuple[JobsService, Any]:
 )
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """Status ``queued | running | completed | cancelled``, counts, progress and timestamps."""
-    _, record = await _job_or_404(request, job_id)
-    body: dict[str, Any] = record.as_api()
-    return body
+    service, record = await _job_or_404(request, job_id)
+    return service.describe(record)
 
 
 @router.get(
@@ -284,10 +294,5 @@ async def job_results(request: Request, job_id: str) -> Response:
 )
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     """Cancel a queued or running job; a finished job is returned unchanged."""
-    service = _service(request)
-    owner = _owner(request)
-    record = await _store_call(service.store.cancel, job_id, owner)
-    if record is None:
-        raise ApiError(404, "not_found_error", f"no job {job_id!r} for this key")
-    body: dict[str, Any] = record.as_api()
-    return body
+    service, record = await _job_or_404(request, job_id, cancel=True)
+    return service.describe(record)

@@ -34,6 +34,7 @@
     const requests = status.requests;
     set("s-queue", status.queue_depth);
     set("s-requests", requests.total);
+    set("s-rejected", requests.rejected);
     set("s-errors", requests.errors);
     set("s-p50", formatMs(requests.p50_ms));
     set("s-p95", formatMs(requests.p95_ms));

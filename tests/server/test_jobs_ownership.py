@@ -1,0 +1,147 @@
+"""A jobs database belongs to one server, and a job to the model it was submitted to: a second server on the
+same file refuses to start, and a server of another model leaves the job queued for its own model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from clef_runtime.jobs.store import JobLine, JobStore, JobStoreLocked
+from clef_runtime.model.checkpoint import PINNED_REPO_ID, PINNED_REVISION
+from clef_runtime.model.resolve import tiny_cache_path
+from clef_runtime.server.jobs import job_model
+from clef_runtime.server.settings import ServerSettings
+from tests.server.conftest import Served, build_app
+from tests.server.fake_engine import FakeClef
+from tests.server.test_jobs_api import jsonl, results, wait_done
+from tests.serving import REPO, free_port
+
+NOUL = {"type": "noul"}
+
+
+def test_a_second_server_on_the_same_jobs_database_is_refused(
+    serve_fake: Callable[..., Served], tmp_path: Path
+) -> None:
+    db = tmp_path / "jobs.sqlite3"
+    first = serve_fake(jobs_db=str(db))
+    with pytest.raises(JobStoreLocked, match="--jobs-db PATH") as refused:
+        build_app(ServerSettings(model="other", jobs_db=str(db)), FakeClef())
+    assert str(db) in str(refused.value)
+    assert (
+        first.client.post("/v1/jobs", content=jsonl([{"state": "s", "questions": {"q": NOUL}}])).status_code
+        == 202
+    )
+
+
+@pytest.mark.slow  # a fresh `clef serve` process (imports torch)
+def test_clef_serve_on_a_database_another_server_owns_exits_1_with_one_clear_line(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.sqlite3"
+    owner = JobStore(db)  # as a running server holds it
+    try:
+        command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", "tiny"]
+        command += ["--port", str(free_port()), "--jobs-db", str(db)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    finally:
+        owner.close()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "in use by another" in line]
+    assert str(db) in line and "--jobs-db PATH" in line and "--jobs off" in line, line
+
+
+def _line(i: int) -> JobLine:
+    return JobLine(i, f"c{i}", json.dumps({"state": f"waiting line {i}", "questions": {"q": NOUL}}))
+
+
+def test_a_job_is_left_queued_by_another_model_and_resumed_by_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "jobs.sqlite3"
+    # What a server of model-a leaves when it stops mid-job: the job recorded for model-a, line 1 answered.
+    store = JobStore(db)
+    waiting, _ = store.create(
+        "", [_line(i) for i in range(1, 7)], model=job_model("model-a"), body_digest="d"
+    )
+    first = FakeClef(name="model-a").decide(json.loads(_line(1).request or ""))
+    store.record_result(waiting.id, 1, True, first)
+    store.close()
+
+    engine_b = FakeClef(name="model-b")
+    app_b = build_app(ServerSettings(model="model-b", jobs_db=str(db)), engine_b)
+    with caplog.at_level(logging.WARNING, logger="clef_runtime.jobs"), TestClient(app_b) as client:
+        own = client.post("/v1/jobs", content=jsonl([{"state": "b's own", "questions": {"q": NOUL}}]))
+        # The runner takes the oldest job it may run first: model-a's job is older, so B finishing its
+        # own job shows it never took model-a's.
+        assert wait_done(client, own.json()["id"])["counts"]["done"] == 1
+        assert [r["response"]["model"] for r in results(client, own.json()["id"])] == ["model-b"]
+        job = client.get(f"/v1/jobs/{waiting.id}").json()
+        assert (job["status"], job["model"], job["counts"]["done"]) == ("queued", "model-a", 1)
+        assert "model-a" in job["x_waiting_for_model"] and "model-b" in job["x_waiting_for_model"]
+        listed = {j["id"]: j for j in client.get("/v1/jobs").json()["data"]}
+        assert (
+            "x_waiting_for_model" in listed[waiting.id]
+            and "x_waiting_for_model" not in listed[own.json()["id"]]
+        )
+    assert engine_b.batches == [["b's own"]]  # none of model-a's lines was computed by model-b
+    assert any("submitted to model model-a, not model-b" in r.getMessage() for r in caplog.records)
+
+    engine_a = FakeClef(name="model-a")
+    with TestClient(build_app(ServerSettings(model="model-a", jobs_db=str(db)), engine_a)) as client:
+        done = wait_done(client, waiting.id)
+        assert (done["status"], done["counts"]["done"]) == ("completed", 6)
+        assert "x_waiting_for_model" not in done
+        got = results(client, waiting.id)
+    assert [r["line"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert {r["response"]["model"] for r in got} == {"model-a"}  # one model answered the whole job
+    assert sorted(state for batch in engine_a.batches for state in batch) == [
+        f"waiting line {i}" for i in range(2, 7)
+    ]  # only the lines without a result, each once
+
+
+def test_a_submitted_job_records_the_servers_model(jobs_app: Callable[..., Served]) -> None:
+    served = jobs_app(model="model-a")
+    job = served.client.post("/v1/jobs", content=jsonl([{"state": "s", "questions": {"q": NOUL}}])).json()
+    assert job["model"] == "model-a"
+    record = served.app.state.jobs.store.get(job["id"])
+    assert record.model == job_model("model-a")
+
+
+@pytest.fixture
+def jobs_app(serve_fake: Callable[..., Served], tmp_path: Path) -> Callable[..., Served]:
+    def start(**overrides: object) -> Served:
+        return serve_fake(jobs_db=str(tmp_path / "jobs.sqlite3"), **overrides)
+
+    return start
+
+
+def test_the_model_identity_names_the_weights(tmp_path: Path) -> None:
+    assert job_model("tiny").ref == tiny_cache_path().name  # the tiny build: its random weights
+    directory = tmp_path / "my-model"
+    directory.mkdir()
+    local = job_model(str(directory))
+    assert (local.name, local.ref) == ("my-model", str(directory.resolve()))
+    assert job_model(PINNED_REPO_ID).ref == f"{PINNED_REPO_ID}@{PINNED_REVISION}"
+    assert job_model(PINNED_REPO_ID) == job_model(f"{PINNED_REPO_ID}@{PINNED_REVISION}")
+    assert job_model("org/other").ref == "org/other@main"
+    assert job_model("org/other@v2") != job_model("org/other")
+    assert job_model("org/other@v2").name == "org/other"
+
+
+def test_another_models_waiting_jobs_do_not_count_against_the_active_limit(
+    jobs_app: Callable[..., Served], tmp_path: Path
+) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    store.create("", [_line(1)], model=job_model("model-a"), body_digest="a")
+    store.close()
+    client = jobs_app(model="model-b", jobs_max_active=1).client
+    body = jsonl([{"state": "s", "questions": {"q": NOUL}}])
+    own = client.post("/v1/jobs", content=body)
+    assert own.status_code == 202, own.text  # model-a's queued job takes nothing from model-b
+    wait_done(client, own.json()["id"])
