@@ -1,6 +1,7 @@
 """Batching and the warm path through a real ``clef serve`` process, on the hidden-512 / 8-layer medium model.
 
-Two servers run one after the other on the same random checkpoint (built by ``server_harness.make_medium``):
+Two servers run one after the other on the same random checkpoint (the ``medium`` benchmark model of
+`benchmarks.lib.models`):
 ``capped`` (the default: `Backbone.extend` splits a batch into calls of at most 4,096 rows x tokens) and
 ``uncapped`` (the previous behaviour: one call per batch, cut only at snapshots), started with the
 module default patched before load. Each server gets, with fresh states every pass (so no state-cache
@@ -14,7 +15,11 @@ path: a 2,000-word state asked cold, then with new 3-question schemas (same stat
 client and by the server's ``x_latency_ms``; and the same warm call in-process (``Clef.decide``) in this
 process, after the server is stopped.
 
-    python benchmarks/bench_batching.py --json benchmarks/results/batching.json
+Every figure is repeated (``--reps`` sequential / concurrent pass pairs, default 3; ``--warm-reps`` cold
+states with 3 warm schemas each, default 3) and reported with its spread over the repetitions.
+
+    python benchmarks/bench_batching.py --skip-uncapped --json benchmarks/results/batching-2.json
+    python benchmarks/bench_batching.py --quick --json /tmp/batching.json     # smoke run on tiny (seconds)
 
 Not a test: figures depend on the machine and its load (recorded in the JSON).
 """
@@ -23,23 +28,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_harness import WORDS, free_port, make_medium, start_server, stop_server
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.lib.flags import engine_options
+from benchmarks.lib.harness import Load, ServerProcess, post_all, start_clef_server
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.results import add_run_arguments, save, start_report
+from benchmarks.lib.timing import spread
+
+WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
 
 # Starts `clef serve` with Backbone's default call cap replaced by argv[1] ("none" or a number).
 LAUNCHER = (
@@ -66,35 +75,9 @@ def body(rng: random.Random, words: int, tag: str, questions: int = 1) -> dict[s
     }
 
 
-def send(url: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    """Post every body with ``concurrency`` client threads; returns wall seconds and per-request figures."""
-    clients = [httpx.Client(base_url=url, timeout=900) for _ in range(concurrency)]
-    latencies: list[float] = []
-    server_ms: list[float] = []
-    tokens: list[int] = []
-
-    def worker(index: int) -> None:
-        for item in bodies[index::concurrency]:
-            started = time.perf_counter()
-            response = clients[index].post("/v1/systemone", json=item)
-            latencies.append(time.perf_counter() - started)
-            response.raise_for_status()
-            answer = response.json()
-            server_ms.append(answer.get("x_latency_ms", float("nan")))
-            tokens.append(answer["usage"]["input_tokens"])
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, range(concurrency)))
-    seconds = time.perf_counter() - started
-    for client in clients:
-        client.close()
-    return {"seconds": seconds, "latencies_s": latencies, "server_ms": server_ms, "tokens": tokens}
-
-
 def batching_passes(url: str, rng: random.Random, words: int, count: int, reps: int) -> dict[str, Any]:
     """``reps`` alternating sequential / concurrent passes of ``count`` fresh requests each."""
-    out: dict[str, list[dict[str, Any]]] = {"sequential": [], "concurrent": []}
+    out: dict[str, list[Load]] = {"sequential": [], "concurrent": []}
     for rep in range(reps):
         order = ("sequential", "concurrent") if rep % 2 == 0 else ("concurrent", "sequential")
         for mode in order:
@@ -102,18 +85,24 @@ def batching_passes(url: str, rng: random.Random, words: int, count: int, reps: 
                 body(rng, rng.randint(words * 9 // 10, words * 11 // 10), f"{mode}{rep}-{i}-{rng.random()}")
                 for i in range(count)
             ]
-            out[mode].append(send(url, bodies, 1 if mode == "sequential" else count))
-    fastest = {mode: min(run["seconds"] for run in runs) for mode, runs in out.items()}
-    total = {mode: sum(run["seconds"] for run in runs) for mode, runs in out.items()}
+            load = post_all(url, bodies, 1 if mode == "sequential" else count)
+            if load.errors:
+                raise RuntimeError(f"{load.errors} of {count} requests failed")
+            out[mode].append(load)
+    fastest = {mode: min(run.seconds for run in runs) for mode, runs in out.items()}
+    total = {mode: sum(run.seconds for run in runs) for mode, runs in out.items()}
+    pairs = zip(out["sequential"], out["concurrent"], strict=True)
     return {
         "words": words,
         "requests": count,
-        "mean_input_tokens": statistics.mean(t for run in out["sequential"] for t in run["tokens"]),
-        "runs": out,
+        "mean_input_tokens": statistics.mean(t for run in out["sequential"] for t in run.input_tokens),
+        "runs": {mode: [run.as_dict() for run in runs] for mode, runs in out.items()},
         "sequential_s_fastest": fastest["sequential"],
         "concurrent_s_fastest": fastest["concurrent"],
         "throughput_ratio_fastest": fastest["sequential"] / fastest["concurrent"],
         "throughput_ratio_all": total["sequential"] / total["concurrent"],
+        # sequential / concurrent seconds of each pass pair (measured back to back).
+        "throughput_ratio_spread": spread(seq.seconds / conc.seconds for seq, conc in pairs),
     }
 
 
@@ -145,11 +134,11 @@ def _server_fields(response: httpx.Response) -> dict[str, Any]:
     }
 
 
-def warm_path_in_process(model: Path, rng: random.Random, state_words: int, reps: int) -> dict[str, Any]:
+def warm_path_in_process(model: str, rng: random.Random, state_words: int, reps: int) -> dict[str, Any]:
     """The same cold / warm sequence with ``Clef.decide`` in this process (ms)."""
     from clef_runtime.engine.clef import Clef
 
-    clef = Clef.load(str(model))
+    clef = Clef.load(model, engine_options())
     clef.warmup()
     cold, warm = [], []
     for rep in range(reps):
@@ -165,71 +154,62 @@ def warm_path_in_process(model: Path, rng: random.Random, state_words: int, reps
     return {"cold_ms": cold, "warm_ms": warm}
 
 
-def serve(model: Path, cap: str, tmp: Path) -> tuple[Any, str]:
-    """Start a server with the given call cap; returns (process, base url)."""
-    port = free_port()
-    command = [sys.executable, "-c", LAUNCHER, cap, "serve", "--model", str(model), "--port", str(port)]
-    command += ["--log-level", "warning"]
-    process = start_server(command, port, tmp / f"server-{cap}.log")
-    return process, f"http://127.0.0.1:{port}"
+def serve(model: str, cap: str, log_path: Path) -> ServerProcess:
+    """Start a server with the given call cap (no batch jobs: not measured here)."""
+    launcher = [sys.executable, "-c", LAUNCHER, cap]
+    return start_clef_server(model, launcher=launcher, log_path=log_path, log_level="warning", jobs=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "batching.json")
-    parser.add_argument("--model-dir", type=Path, help="reuse (or build here) the medium checkpoint")
-    parser.add_argument("--reps", type=int, default=1, help="sequential/concurrent pass pairs per size")
-    parser.add_argument("--warm-reps", type=int, default=2)
+    add_run_arguments(parser, quick="tiny, 1 rep, short states", model="medium")
+    parser.add_argument("--reps", type=int, default=3, help="sequential/concurrent pass pairs per size")
+    parser.add_argument("--warm-reps", type=int, default=3, help="cold states, each with 3 warm schemas")
     parser.add_argument("--words", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--state-words", type=int, default=2000, help="the warm path's state (default 2000)")
     parser.add_argument("--skip-uncapped", action="store_true")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.reps, args.warm_reps, args.words, args.state_words = "tiny", 1, 1, [20], 200
+        args.skip_uncapped = True
     # Before torch's first parallel operation (as the CLI does): flush-to-zero must reach the OpenMP workers,
     # or the in-process side computes the DeltaNet decays with denormals.
     from clef_runtime.model.kernels import configure_cpu_threads
 
     configure_cpu_threads()
-
-    load_before = os.getloadavg()
-    started = time.time()
-    with tempfile.TemporaryDirectory(prefix="clef-batching-") as tmp_name:
-        tmp = Path(tmp_name)
-        model = args.model_dir or tmp / "medium"
-        if not (model / "config.json").exists():
-            print("building the medium model ...", flush=True)
-            make_medium(model)
-        result: dict[str, Any] = {"servers": {}}
+    model = resolve_model(args.model)
+    result = start_report("bench_batching", __file__, argv, quick=args.quick)
+    result.update({"model": args.model, "servers": {}})
+    with tempfile.TemporaryDirectory(prefix="clef-batching-") as tmp:
         for cap in ["4096"] + ([] if args.skip_uncapped else ["none"]):
             print(f"== server with call cap {cap}", flush=True)
-            process, url = serve(model, cap, tmp)
+            server = serve(model, cap, Path(tmp) / f"server-{cap}.log")
             try:
                 rng = random.Random(f"batching-{cap}")
-                send(url, [body(rng, 50, "warm-up")], 1)
+                post_all(server.url, [body(rng, 50, "warm-up")], 1)
                 entry: dict[str, Any] = {}
                 for words in args.words:
-                    entry[str(words)] = batching_passes(url, random.Random(words), words, 16, args.reps)
+                    entry[str(words)] = batching_passes(
+                        server.url, random.Random(words), words, 16, args.reps
+                    )
+                    ratio = entry[str(words)]["throughput_ratio_spread"]
                     print(
-                        f"   {words} words: x{entry[str(words)]['throughput_ratio_fastest']:.2f}", flush=True
+                        f"   {words} words: x{ratio['median']:.2f} ({ratio['min']}-{ratio['max']})",
+                        flush=True,
                     )
                 if cap != "none":
-                    entry["warm_path"] = warm_path_server(url, random.Random("warm"), 2000, args.warm_reps)
+                    rng = random.Random("warm")
+                    entry["warm_path"] = warm_path_server(server.url, rng, args.state_words, args.warm_reps)
             finally:
-                stop_server(process)
+                server.stop(120)
             result["servers"][cap] = entry
-        print("== in-process warm path", flush=True)
-        result["in_process_warm_path"] = warm_path_in_process(
-            model, random.Random("warm"), 2000, args.warm_reps
-        )
-    result["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average_before_after": [load_before, os.getloadavg()],
-        "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
-        "seconds": time.time() - started,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(summary(result), indent=1))
+    print("== in-process warm path", flush=True)
+    result["in_process_warm_path"] = warm_path_in_process(
+        model, random.Random("warm"), args.state_words, args.warm_reps
+    )
+    result["summary"] = summary(result)
+    save(result, args.json, "batching")
+    print(json.dumps(result["summary"], indent=1))
     print(render(result))
     return 0
 
@@ -248,11 +228,20 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     "client_warm_ms_median": statistics.median(client_warm),
                     "client_cold_ms_median": statistics.median(client_cold),
                     "cold_over_warm_client_fastest": min(client_cold) / min(client_warm),
+                    "server_warm_ms_spread": spread(server_warm, 1),
+                    "client_warm_ms_spread": spread(client_warm, 1),
+                    "client_cold_ms_spread": spread(client_cold, 1),
+                    "cold_over_warm_client_spread": _cold_over_warm(client_cold, client_warm),
                 }
             else:
                 out[f"{cap}/{words}"] = {
                     k: value[k]
-                    for k in ("throughput_ratio_fastest", "throughput_ratio_all", "mean_input_tokens")
+                    for k in (
+                        "throughput_ratio_fastest",
+                        "throughput_ratio_all",
+                        "throughput_ratio_spread",
+                        "mean_input_tokens",
+                    )
                 }
     local = result.get("in_process_warm_path")
     if local:
@@ -260,40 +249,57 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "warm_ms_median": statistics.median(local["warm_ms"]),
             "cold_ms_median": statistics.median(local["cold_ms"]),
             "cold_over_warm_fastest": min(local["cold_ms"]) / min(local["warm_ms"]),
+            "warm_ms_spread": spread(local["warm_ms"], 1),
+            "cold_over_warm_spread": _cold_over_warm(local["cold_ms"], local["warm_ms"]),
         }
     return out
 
 
+def _cold_over_warm(cold: Sequence[float], warm: Sequence[float]) -> dict[str, Any]:
+    """Each cold request over each of the 3 warm requests on its state."""
+    return spread((c / w for index, c in enumerate(cold) for w in warm[3 * index : 3 * index + 3]), 2)
+
+
+def _range(figures: dict[str, Any], digits: int = 2) -> str:
+    return f"{figures['median']:.{digits}f} ({figures['min']:.{digits}f}-{figures['max']:.{digits}f})"
+
+
 def render(result: dict[str, Any]) -> str:
-    """A markdown table of a result (for BENCHMARKS.md)."""
+    """Markdown tables of a result (for BENCHMARKS.md): medians with the range over the repetitions."""
     lines = [
         "| server | states | mean input tokens | sequential s (fastest) | concurrent s (fastest) "
-        "| throughput ratio: fastest / all |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| throughput ratio: fastest / all | per pass: median (min-max), passes |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for cap, entry in result["servers"].items():
-        name = "capped (4,096 rows x tokens per call)" if cap != "none" else "uncapped (before)"
+        name = "capped (4,096 rows x tokens per call)" if cap != "none" else "uncapped"
         for words, value in entry.items():
             if words == "warm_path":
                 continue
+            ratio = value["throughput_ratio_spread"]
             lines.append(
                 f"| {name} | {words} words | {value['mean_input_tokens']:.0f} "
                 f"| {value['sequential_s_fastest']:.2f} | {value['concurrent_s_fastest']:.2f} "
-                f"| **{value['throughput_ratio_fastest']:.2f}x** / {value['throughput_ratio_all']:.2f}x |"
+                f"| **{value['throughput_ratio_fastest']:.2f}x** / {value['throughput_ratio_all']:.2f}x "
+                f"| {_range(ratio)}, {ratio['n']} |"
             )
-    heads = summary(result)
+    heads = result.get("summary") or summary(result)
     warm = next((v for k, v in heads.items() if k.endswith("/warm")), None)
     local = heads.get("in_process")
     if warm and local:
         lines += [
             "",
-            "| warm path (2,000-word state, new 3-question schema) | median ms | cold / warm (fastest) |",
-            "|---|---:|---:|",
-            f"| in-process `Clef.decide` | {local['warm_ms_median']:.0f} "
-            f"| {local['cold_over_warm_fastest']:.1f}x |",
-            f"| server, `x_latency_ms` | {warm['server_warm_ms_median']:.0f} | - |",
-            f"| server, client round trip | {warm['client_warm_ms_median']:.0f} "
-            f"| {warm['cold_over_warm_client_fastest']:.1f}x |",
+            "| warm path (same state, new 3-question schema) | warm ms: median (min-max), runs "
+            "| cold / warm (fastest) | cold / warm per pair: median (min-max) |",
+            "|---|---:|---:|---:|",
+            f"| in-process `Clef.decide` | {_range(local['warm_ms_spread'], 0)}, "
+            f"{local['warm_ms_spread']['n']} | {local['cold_over_warm_fastest']:.1f}x "
+            f"| {_range(local['cold_over_warm_spread'], 1)} |",
+            f"| server, `x_latency_ms` | {_range(warm['server_warm_ms_spread'], 0)}, "
+            f"{warm['server_warm_ms_spread']['n']} | - | - |",
+            f"| server, client round trip | {_range(warm['client_warm_ms_spread'], 0)}, "
+            f"{warm['client_warm_ms_spread']['n']} | {warm['cold_over_warm_client_fastest']:.1f}x "
+            f"| {_range(warm['cold_over_warm_client_spread'], 1)} |",
         ]
     return "\n".join(lines)
 

@@ -1,36 +1,44 @@
 """CPU time per token and row of `Backbone.extend`: one row alone vs 16 rows in one call vs 16 rows in calls
-of 512 / 256 / 128 / 64 tokens, on the hidden-512 / 8-layer medium model (``server_harness.make_medium``).
+of 512 / 256 / 128 / 64 tokens, on the hidden-512 / 8-layer ``medium`` benchmark model
+(`benchmarks.lib.models`).
 
 One intra-op thread and process CPU time, so that other jobs on a shared machine change the figures little;
-each figure is the fastest of ``--reps`` runs. This is the profile behind `DEFAULT_MAX_CALL_TOKENS`.
+each figure is the fastest of ``--reps`` runs (every run kept with its spread). This is the profile behind
+`DEFAULT_MAX_CALL_TOKENS`.
 
-    python benchmarks/bench_call_cap.py --model-dir /tmp/medium --json benchmarks/results/call_cap.json
+    python benchmarks/bench_call_cap.py --json benchmarks/results/call_cap.json
+    python benchmarks/bench_call_cap.py --quick --json /tmp/call_cap.json     # smoke run on tiny (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_harness import make_medium
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.flags import engine_options
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.results import add_run_arguments, save, start_report
+from benchmarks.lib.timing import spread
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/call_cap.json"))
+    add_run_arguments(parser, quick="tiny, 128 tokens, one rep", model="medium")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1152, 256])
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.lengths, args.reps = "tiny", [128], 1
 
     # Before anything else touches torch (as the CLI does): flush-to-zero must reach the OpenMP workers.
     from clef_runtime.model.kernels import configure_cpu_threads
@@ -39,39 +47,37 @@ def main(argv: list[str] | None = None) -> int:
     from clef_runtime.engine.clef import Clef
     from clef_runtime.model.backbone import Continuation
 
-    with tempfile.TemporaryDirectory() as tmp:
-        model = args.model_dir or Path(tmp) / "medium"
-        if not (model / "config.json").exists():
-            make_medium(model)
-        clef = Clef.load(str(model), cache_mb=0)
+    clef = Clef.load(resolve_model(args.model), engine_options(cache_mb=0))
+    results = start_report("bench_call_cap", __file__, argv, quick=args.quick)
     backbone, prefix = clef.backbone, clef.prefix_state
     generator = torch.Generator().manual_seed(0)
 
     def rows(count: int, length: int) -> list[Any]:
         return [Continuation(torch.randint(0, 200_000, (length,), generator=generator)) for _ in range(count)]
 
-    def cpu_seconds(count: int, length: int, width: int | None) -> float:
-        best = float("inf")
+    def cpu_ms_per_token(count: int, length: int, width: int | None) -> list[float]:
+        """CPU ms per token and row of each of ``args.reps`` runs."""
+        samples = []
         for _ in range(args.reps):
             batch = rows(count, length)
             started = time.process_time()
             # A width w is asked for as a budget of count * w rows x tokens.
             backbone.extend(prefix, batch, max_call_tokens=None if width is None else count * width)
-            best = min(best, time.process_time() - started)
-        return best
+            samples.append((time.process_time() - started) * 1000 / count / length)
+        return samples
 
     backbone.extend(prefix, rows(1, 64))
-    results: dict[str, Any] = {"unit": "CPU ms per token and row (fastest run)", "lengths": {}}
+    results.update({"unit": "CPU ms per token and row (fastest run)", "model": args.model, "lengths": {}})
+    results["spread"] = {}
     for length in args.lengths:
-        figures = {"1 row, one call": cpu_seconds(1, length, None)}
-        figures["16 rows, one call"] = cpu_seconds(16, length, None) / 16
+        figures = {"1 row, one call": cpu_ms_per_token(1, length, None)}
+        figures["16 rows, one call"] = cpu_ms_per_token(16, length, None)
         for width in (512, 256, 128, 64):
-            figures[f"16 rows, {width}-token calls"] = cpu_seconds(16, length, width) / 16
-        results["lengths"][str(length)] = {k: round(v * 1000 / length, 4) for k, v in figures.items()}
-        print(length, results["lengths"][str(length)], flush=True)
-    results["load_average_after"] = os.getloadavg()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1) + "\n")
+            figures[f"16 rows, {width}-token calls"] = cpu_ms_per_token(16, length, width)
+        results["lengths"][str(length)] = {k: round(min(v), 4) for k, v in figures.items()}
+        results["spread"][str(length)] = {k: spread(v) for k, v in figures.items()}
+        print(length, json.dumps(results["lengths"][str(length)]), flush=True)
+    save(results, args.json, "call_cap")
     return 0
 
 

@@ -7,48 +7,39 @@ Three workloads, measured side by side in one run:
 - ``cold_hf_only``: ``cold`` without the tiktoken fast path (every piece through HF tokenizers).
 Baseline: the plain reference way, each piece tokenized with one ``encode`` call and no cache.
 
-Run: ``taskset -c 0 python benchmarks/bench_encode.py [--seconds 3] [--json out.json]``
+Each workload runs for ``--seconds`` per pass, ``--reps`` passes (default 3) interleaved with the other
+workloads; requests/s is reported as the median with its spread over the passes.
+
+Run: ``taskset -c 0 python benchmarks/bench_encode.py [--seconds 3] [--json out.json]``, or ``--quick``
+for a smoke run (a fraction of a second per workload).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import sys
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAYON_RS_NUM_CPUS", "1")  # tokenizers' thread pool: one core, as the target says
 
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.results import add_run_arguments, publish, start_report
+from benchmarks.lib.timing import spread
 from clef_runtime.encoding.encoder import Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer
 
-WORDS = [
-    "invoice",
-    "refund",
-    "customer",
-    "charged",
-    "twice",
-    "March",
-    "account",
-    "billing",
-    "support",
-    "urgent",
-    "please",
-    "résumé",
-    "日本",
-    "data",
-    "2026",
-    "order",
-    "shipping",
-    "delayed",
-    "{",
-    "}",
-    "value",
-    "status",
-]
+_WORD_TEXT = (
+    "invoice refund customer charged twice March account billing support urgent please résumé 日本 data "
+    "2026 order shipping delayed { } value status"
+)
+WORDS = _WORD_TEXT.split()
 
 
 def make_state(seed: int, tokenizer: ClefTokenizer, target_tokens: int = 2000) -> str:
@@ -94,11 +85,17 @@ def run_for(seconds: float, fn: Any) -> tuple[int, float]:
             return n, elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="per workload and pass (default 3)")
+    parser.add_argument("--reps", type=int, default=3, help="passes over every workload (default 3)")
+    add_run_arguments(parser, quick="0.2 s per workload, one pass")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.reps = 0.2, 1
+    report = start_report("encode", __file__, argv, quick=args.quick)
 
     tokenizer = ClefTokenizer.default()
     states = [make_state(s, tokenizer) for s in range(64)]
@@ -139,33 +136,35 @@ def main() -> None:
     def repeat(_i: int) -> None:
         encoder.encode(fixed)
 
-    results = {}
-    for name, fn in [
+    workloads: list[tuple[str, Callable[[int], None]]] = [
         ("baseline_uncached", fresh_encoder_cold),
         ("cold_hf_only", cold_hf_only),
         ("cold", cold),
         ("same_state", same_state),
         ("repeat", repeat),
-    ]:
-        fn(0)
-        n, elapsed = run_for(args.seconds, fn)
-        results[name] = {"requests": n, "seconds": round(elapsed, 3), "requests_per_s": round(n / elapsed, 1)}
-    out = {
-        "benchmark": "encode",
-        "machine": platform.processor() or platform.machine(),
-        "cpu_affinity": len(os.sched_getaffinity(0)),
-        "state_tokens": state_tokens,
-        "input_tokens": input_tokens,
-        "questions": 10,
-        "options_per_question": 5,
-        "results": results,
-    }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
+    ]
+    passes: dict[str, list[float]] = {name: [] for name, _ in workloads}
+    for _name, fn in workloads:
+        fn(0)  # warm-up
+    for _ in range(args.reps):
+        for name, fn in workloads:
+            n, elapsed = run_for(args.seconds, fn)
+            passes[name].append(n / elapsed)
+    results = {name: {"requests_per_s_spread": spread(rates, 1)} for name, rates in passes.items()}
+    for figures in results.values():
+        figures["requests_per_s"] = figures["requests_per_s_spread"]["median"]
+    report.update(
+        {
+            "state_tokens": state_tokens,
+            "input_tokens": input_tokens,
+            "questions": 10,
+            "options_per_question": 5,
+            "seconds_per_pass": args.seconds,
+            "results": results,
+        }
+    )
+    return publish(report, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

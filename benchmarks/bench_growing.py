@@ -1,18 +1,22 @@
 """Growing-state benchmark: a state that extends one already seen, through a real server, against cold.
 
-Two ``clef serve`` processes run side by side on the medium random model (hidden 512, 8 layers, built here
-as in bench_server.py): one with the state cache (the prefix tree), one with ``--cache-mb 0`` (every state
-computed from the prompt prefix). Requests alternate between them so that other load on the machine affects
-both alike.
+Two ``clef serve`` processes run side by side on the ``medium`` benchmark model (hidden 512, 8 layers;
+`benchmarks.lib.models`): one with the state cache (the prefix tree), one with ``--cache-mb 0`` (every
+state computed from the prompt prefix). Requests alternate between them so that other load on the machine
+affects both alike.
 
 1. *Extend*: a ~2,000-token message-array state is sent once (it fills the cache; not timed), then the same
    conversation with one ~60-token message appended and a new schema is timed on both servers. The ratio
    cold / cached is the speed-up (target: >= 5x). A fresh conversation per round.
 2. *Agent*: 20 steps of a growing history (a ~1,000-token start, one ~60-token message more each step, a
-   new schema each step), sent step by step to both servers; the total times are compared.
+   new schema each step), sent step by step to both servers; the total times are compared. Repeated
+   ``--agent-reps`` times (default 3) with a fresh history each.
 
-    python benchmarks/bench_growing.py                 # results in benchmarks/results/growing.json
-    python benchmarks/bench_growing.py --rounds 3 --steps 10
+Each speed-up is reported with its spread over the rounds (extend) and the repetitions (agent).
+
+    python benchmarks/bench_growing.py                 # a new results file in benchmarks/results/
+    python benchmarks/bench_growing.py --rounds 3 --steps 10 --output /tmp/growing.json
+    python benchmarks/bench_growing.py --quick --output /tmp/growing.json   # smoke run on tiny (seconds)
 
 Not a test: numbers depend on the machine.
 """
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import sys
@@ -33,10 +36,14 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_harness import free_port, make_medium, start_server, stop_server
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.lib.harness import ServerProcess, start_clef_server
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.results import add_run_arguments, save, start_report
+from benchmarks.lib.timing import spread
+
 WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
 WORDS += ["shipping", "late", "broken", "screen", "login", "password", "upgrade", "plan", "thanks", "again"]
 
@@ -100,11 +107,24 @@ def bench_extend(urls: dict[str, str], rounds: int, state_tokens: int, seed: int
         "median_cached_s": cached,
         "median_cold_s": cold,
         "speedup": round(cold / cached, 2),
+        "speedup_spread": spread((r["cold_s"] / r["cached_s"] for r in rows), 2),
     }
 
 
-def bench_agent(urls: dict[str, str], steps: int, start_tokens: int, seed: int) -> dict[str, Any]:
-    rng = random.Random(seed + 1)
+def bench_agent(urls: dict[str, str], steps: int, start_tokens: int, seed: int, reps: int) -> dict[str, Any]:
+    """``reps`` agent runs, each with a fresh history; the total times of each and their spread."""
+    runs = [_agent_run(urls, steps, start_tokens, seed + 1 + rep) for rep in range(reps)]
+    return {
+        "runs": runs,
+        "total_cached_s": round(statistics.median(run["total_cached_s"] for run in runs), 3),
+        "total_cold_s": round(statistics.median(run["total_cold_s"] for run in runs), 3),
+        "speedup": round(statistics.median(run["speedup"] for run in runs), 2),
+        "speedup_spread": spread((run["speedup"] for run in runs), 2),
+    }
+
+
+def _agent_run(urls: dict[str, str], steps: int, start_tokens: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
     history = conversation(rng, start_tokens)
     totals = {"cached": 0.0, "cold": 0.0}
     rows = []
@@ -129,48 +149,54 @@ def bench_agent(urls: dict[str, str], steps: int, start_tokens: int, seed: int) 
     }
 
 
+def start_servers(model: str, tmp_dir: Path) -> dict[str, ServerProcess]:
+    """The cached (1 GiB state cache) and the cold (no state cache) server, side by side."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name, cache_mb in (("cached", 1024), ("cold", 0)):
+            servers[name] = start_clef_server(
+                model, log_path=tmp_dir / f"{name}.log", log_level="warning", cache_mb=cache_mb, jobs=False
+            )
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add_run_arguments(parser, quick="tiny, short states, one repetition", output="--output", model="medium")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--state-tokens", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--agent-start-tokens", type=int, default=1000)
+    parser.add_argument("--agent-reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "growing.json")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.rounds, args.state_tokens = "tiny", 1, 300
+        args.steps, args.agent_start_tokens, args.agent_reps = 3, 200, 1
 
+    model = resolve_model(args.model)
+    result = start_report("bench_growing", __file__, argv, quick=args.quick)
+    result["description"] = f"growing states through the server ({args.model} model)"
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_dir = Path(tmp)
-        print("building the medium random model ...", flush=True)
-        model = make_medium(tmp_dir / "medium")
-        servers: dict[str, Any] = {}
-        urls: dict[str, str] = {}
+        servers = start_servers(model, Path(tmp))
         try:
-            for name, cache_mb in (("cached", "1024"), ("cold", "0")):
-                port = free_port()
-                command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", str(model)]
-                command += ["--port", str(port), "--log-level", "warning", "--cache-mb", cache_mb]
-                servers[name] = start_server(command, port, tmp_dir / f"{name}.log")
-                urls[name] = f"http://127.0.0.1:{port}/v1/systemone"
+            urls = {name: server.url + "/v1/systemone" for name, server in servers.items()}
             extend = bench_extend(urls, args.rounds, args.state_tokens, args.seed)
-            agent = bench_agent(urls, args.steps, args.agent_start_tokens, args.seed)
+            agent = bench_agent(urls, args.steps, args.agent_start_tokens, args.seed, args.agent_reps)
         finally:
-            for process in servers.values():
-                stop_server(process)
-
-    result = {
-        "benchmark": "growing states through the server (medium random model, hidden 512, 8 layers)",
-        "command": "python benchmarks/bench_growing.py " + " ".join(argv or sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "extend": extend,
-        "agent": agent,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+            for server in servers.values():
+                server.stop(120)
+    result.update({"extend": extend, "agent": agent})
+    save(result, args.output, "growing")
     print(
         f"extend: cached {extend['median_cached_s']:.3f} s, cold {extend['median_cold_s']:.3f} s, "
-        f"{extend['speedup']}x; agent ({args.steps} steps): cached {agent['total_cached_s']} s, "
-        f"cold {agent['total_cold_s']} s, {agent['speedup']}x"
+        f"{extend['speedup']}x ({extend['speedup_spread']['min']}-{extend['speedup_spread']['max']}); agent "
+        f"({args.steps} steps, {args.agent_reps} runs): cached {agent['total_cached_s']} s, cold "
+        f"{agent['total_cold_s']} s, {agent['speedup']}x"
     )
     return 0
 

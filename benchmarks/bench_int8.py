@@ -3,21 +3,21 @@
 Not a test. Sections (``--sections``, all by default), each measured in this one process:
 
 - ``kernels``: at the release's shapes ([T x 4096] @ [4096 x 4096], 4096 -> 12288, 12288 -> 4096 for
-  T = 128 / 1024 / 4096), best-of-``--repeats`` seconds of fp32 ``F.linear`` and of each int8 candidate,
-  interleaved shape by shape: clef's `Int8Linear` (per-channel int8 weights, per-token int8 activations,
-  ``torch._int_mm``), torch's dynamic quantized linear (per-tensor activations) with the fbgemm/x86 and the
-  oneDNN packings, oneDNN's ``qlinear_pointwise`` with a per-tensor activation scale, and int8 weight-only
-  (``torch._weight_int8pack_mm``). Relative output error vs fp32 for each.
+  T = 128 / 1024 / 4096), seconds of fp32 ``F.linear`` and of each int8 candidate (best of ``--repeats``
+  after a warm-up, every sample kept), interleaved shape by shape: clef's `Int8Linear` (per-channel int8
+  weights, per-token int8 activations, ``torch._int_mm``), torch's dynamic quantized linear (per-tensor
+  activations) with the fbgemm/x86 and the oneDNN packings, oneDNN's ``qlinear_pointwise`` with a
+  per-tensor activation scale, and int8 weight-only (``torch._weight_int8pack_mm``). Relative output error
+  vs fp32 for each. The machine record's GEMM limits are measured at the same shapes.
 - ``memory``: the 9B release's need from its safetensors layout (header entries built from the release
   geometry, no weights): bf16 storage, int8 late / all with bf16 or fp32 elsewhere.
 - ``drift``: ``--requests`` generated requests (varied states, 1-3 questions of each type) decided by the
-  medium benchmark model in fp32, int8 ``late`` and int8 ``all``: max and mean |dp| over every option
-  probability, top-1 agreement per question; then backbone prefill seconds at ``--prefill-tokens`` for the
-  three, interleaved, best of ``--repeats``.
+  ``--model`` benchmark model (default ``medium-1024``) in fp32, int8 ``late`` and int8 ``all``: max and
+  mean |dp| over every option probability, top-1 agreement per question; then backbone prefill seconds at
+  ``--prefill-tokens`` for the three, interleaved, ``--repeats`` times.
 
-    flock /tmp/clef-bench.lock .venv/bin/python benchmarks/bench_int8.py --json benchmarks/results/int8.json
-
-The lead can re-run the drift with ``clef compare`` (evaluation issue) once it exists.
+    python benchmarks/bench_int8.py --json benchmarks/results/int8.json
+    python benchmarks/bench_int8.py --quick --json /tmp/int8.json          # smoke run on tiny (seconds)
 """
 
 from __future__ import annotations
@@ -25,79 +25,33 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
-import statistics
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.lib.flags import engine_options
+from benchmarks.lib.gemm import QUICK_SHAPES, GemmShape
+from benchmarks.lib.models import GEOMETRIES, model_directory, resolve_model
+from benchmarks.lib.requests import answer_vectors, drift, generated_requests
+from benchmarks.lib.results import add_run_arguments, publish, start_report
+from benchmarks.lib.timing import Samples, repeat, spread
 from clef_runtime.model.quantize import Int8Linear
 
 SECTIONS = ("kernels", "memory", "drift")
-KERNEL_SHAPES = ((4096, 4096), (4096, 12288), (12288, 4096))  # (in, out)
-
-#: The release's text geometry (Qwen3.5-9B; public config values, see docs) and its joint head.
-RELEASE_TEXT = {
-    "hidden_size": 4096,
-    "intermediate_size": 12288,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-}
-RELEASE_HEAD = {
-    "hidden_size": 4096,
-    "width": 1024,
-    "routing_layers": 2,
-    "layers": 4,
-    "heads": 16,
-    "feedforward": 4096,
-}
+KERNEL_SHAPES = ((4096, 4096), (4096, 12288), (12288, 4096))  # (in, out): the release's projections
 
 
-def best_seconds(call: Callable[[], Any], repeats: int) -> float:
-    """Best wall time of ``repeats`` calls after one untimed warm-up."""
-    call()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, core count, torch version and load average (the machine is shared)."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return {
-        "cpu": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "amx_int8": " amx_int8" in flags,
-        "avx512_vnni": " avx512_vnni" in flags,
-        "torch": torch.__version__,
-        "loadavg": os.getloadavg(),
-    }
+def _timing(seconds: Samples) -> dict[str, Any]:
+    return {"s": round(seconds.min, 4), "spread_s": seconds.summary()}
 
 
 # ------------------------------------------------------------------------------------------- kernels
@@ -146,22 +100,22 @@ def section_kernels(args: argparse.Namespace) -> dict[str, Any]:
             x = torch.randn(tokens, inner, generator=generator)
             with torch.inference_mode():
                 exact = F.linear(x, weight)
-                fp32_s = best_seconds(lambda x=x, weight=weight: F.linear(x, weight), args.repeats)
-                row: dict[str, Any] = {"T": tokens, "in": inner, "out": outer, "fp32_s": round(fp32_s, 4)}
-                row["fp32_gflops"] = round(2 * tokens * inner * outer / fp32_s / 1e9, 1)
+                fp32 = repeat(lambda x=x, weight=weight: F.linear(x, weight), args.repeats)
+                row: dict[str, Any] = {"T": tokens, "in": inner, "out": outer, "fp32": _timing(fp32)}
+                row["fp32_gflops"] = round(2 * tokens * inner * outer / fp32.min / 1e9, 1)
                 for name, call in candidates.items():
                     if name.startswith("weight-only") and tokens > args.weight_only_max_tokens:
                         continue  # measured ~1 GFLOP/s at T = 1024 here: minutes per call beyond
                     out = call(x)
-                    seconds = best_seconds(lambda call=call, x=x: call(x), args.repeats)
+                    seconds = repeat(lambda call=call, x=x: call(x), args.repeats)
                     error = ((out - exact).norm() / exact.norm()).item()
                     row[name] = {
-                        "s": round(seconds, 4),
-                        "speedup_vs_fp32": round(fp32_s / seconds, 2),
+                        **_timing(seconds),
+                        "speedup_vs_fp32": round(fp32.min / seconds.min, 2),
                         "relative_error": round(error, 5),
                     }
             rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "fp32"}), file=sys.stderr, flush=True)
     return {"rows": rows}
 
 
@@ -174,15 +128,17 @@ def release_info() -> Any:
     from clef_runtime.model.checkpoint import CheckpointInfo, TensorInfo
     from clef_runtime.model.tiny import _backbone_shapes, _head_shapes, random_checkpoint_config
 
-    config = random_checkpoint_config(text_overrides=RELEASE_TEXT)
+    geometry = GEOMETRIES["release"]
+    config = random_checkpoint_config(geometry=geometry)
+    head_config = geometry.head_config()
     backbone = _backbone_shapes(config)
-    head = _head_shapes(RELEASE_HEAD)
+    head = _head_shapes(head_config)
     tensors = {name: TensorInfo(name, "meta", "BF16", shape) for name, shape in backbone.items()}
     head_tensors = {name: TensorInfo(name, "meta", "BF16", shape) for name, shape in head.items()}
     return CheckpointInfo(
         path=Path("release-geometry"),
         config=config,
-        head_config=RELEASE_HEAD,
+        head_config=head_config,
         shards=(),
         total_weight_bytes=sum(t.nbytes for t in tensors.values()),
         tensor_count=len(tensors),
@@ -197,6 +153,7 @@ def section_memory(args: argparse.Namespace) -> dict[str, Any]:
     from clef_runtime.model.quantize import select_int8_layers
 
     info = release_info()
+    layers = GEOMETRIES["release"].layers
     text_params = sum(t.numel for n, t in info.tensors.items() if n.startswith("model.language_model."))
     rows = {}
     for label, dtype, spec in (
@@ -206,8 +163,8 @@ def section_memory(args: argparse.Namespace) -> dict[str, Any]:
         ("int8 late (12-31) + bf16-storage", torch.bfloat16, "late"),
         ("int8 all + bf16-storage", torch.bfloat16, "all"),
     ):
-        layers = select_int8_layers(spec, 32) if spec else ()
-        estimate = estimate_model_memory(info, device="cpu", dtype=dtype, int8_layers=layers)
+        selected = select_int8_layers(spec, layers) if spec else ()
+        estimate = estimate_model_memory(info, device="cpu", dtype=dtype, int8_layers=selected)
         rows[label] = {
             "total_gb": round(estimate.total_bytes / 1e9, 2),
             "text_gb": round(estimate.text_bytes / 1e9, 2),
@@ -218,214 +175,97 @@ def section_memory(args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------- drift
 
-_WORDS = [
-    "account",
-    "billing",
-    "refund",
-    "invoice",
-    "error",
-    "crash",
-    "login",
-    "password",
-    "payment",
-    "card",
-    "order",
-    "delivery",
-    "late",
-    "broken",
-    "screen",
-    "update",
-    "server",
-    "outage",
-    "slow",
-    "timeout",
-    "database",
-    "backup",
-    "customer",
-    "angry",
-    "happy",
-    "thanks",
-    "please",
-    "urgent",
-    "week",
-    "today",
-    "tomorrow",
-    "price",
-    "discount",
-    "plan",
-    "upgrade",
-    "cancel",
-    "support",
-    "ticket",
-    "email",
-    "phone",
-    "chat",
-    "bug",
-    "feature",
-    "request",
-    "report",
-    "data",
-    "export",
-    "import",
-    "sync",
-    "mobile",
-    "app",
-    "desktop",
-    "browser",
-    "cache",
-    "cookie",
-    "network",
-    "the",
-    "a",
-    "to",
-    "of",
-    "and",
-    "is",
-    "was",
-    "not",
-    "it",
-    "we",
-    "you",
-    "they",
-    "my",
-    "our",
-    "your",
-    "this",
-    "that",
-    "with",
-    "for",
-    "on",
-    "at",
-    "from",
-]
-
-
-def generated_requests(count: int, seed: int) -> list[dict[str, Any]]:
-    """``count`` requests: states of 10-200 words (text or a small JSON object), 1-3 questions each
-    (noul, choice with 2-6 options, score with 3-5 levels)."""
-    rng = random.Random(seed)
-    requests = []
-    for index in range(count):
-        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(10, 200)))
-        state: Any = words if rng.random() < 0.7 else {"ticket": index, "body": words, "tags": ["a", "b"]}
-        questions: dict[str, Any] = {}
-        for number in range(rng.randint(1, 3)):
-            kind = rng.choice(("noul", "choice", "score"))
-            if kind == "noul":
-                questions[f"q{number}"] = {"type": "noul", "instructions": f"is it {rng.choice(_WORDS)}?"}
-            elif kind == "choice":
-                options = rng.sample(_WORDS, rng.randint(2, 6))
-                questions[f"q{number}"] = {"type": "choice", "criteria": {w: f"about {w}" for w in options}}
-            else:
-                questions[f"q{number}"] = {"type": "score", "criteria": rng.sample(_WORDS, rng.randint(3, 5))}
-        requests.append({"state": state, "questions": questions})
-    return requests
-
-
-def answer_vectors(response: dict[str, Any]) -> list[list[float]]:
-    """Each answer's probabilities as a list (a noul answer: [p, 1 - p])."""
-    vectors = []
-    for answer in response["answers"].values():
-        if answer["type"] == "noul":
-            vectors.append([answer["noul"], 1.0 - answer["noul"]])
-        else:
-            vectors.append(list(answer["probabilities"].values()))
-    return vectors
-
-
-def medium_checkpoint() -> Path:
-    """The medium benchmark checkpoint (built once into the user cache by ``engine_bench.py``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_bench import ensure_medium_checkpoint
-
-    return ensure_medium_checkpoint()
+VARIANTS: dict[str, dict[str, str]] = {
+    "fp32": {"weights": "fp32"},
+    "int8 late": {"weights": "int8", "int8_layers": "late"},
+    "int8 all": {"weights": "int8", "int8_layers": "all"},
+}
 
 
 def section_drift(args: argparse.Namespace) -> dict[str, Any]:
     from clef_runtime.engine.clef import Clef
     from clef_runtime.model.backbone import Backbone
 
-    path = medium_checkpoint()
+    path = resolve_model(args.model)
     requests = generated_requests(args.requests, args.seed)
-    variants = {"fp32": {"weights": "fp32"}, "int8 late": {"weights": "int8", "int8_layers": "late"}}
-    variants["int8 all"] = {"weights": "int8", "int8_layers": "all"}
     vectors: dict[str, list[list[list[float]]]] = {}
-    seconds: dict[str, float] = {}
-    for name, options in variants.items():
-        clef = Clef.load(str(path), cache_mb=0, **options)
-        started = time.perf_counter()
+    for name, values in VARIANTS.items():
+        clef = Clef.load(path, engine_options(cache_mb=0, **values))
         vectors[name] = [answer_vectors(clef.decide(request)) for request in requests]
-        seconds[name] = round(time.perf_counter() - started, 1)
-        print(f"{name}: {len(requests)} requests in {seconds[name]} s", file=sys.stderr, flush=True)
+        print(f"{name}: {len(requests)} requests decided", file=sys.stderr, flush=True)
         del clef
         gc.collect()
-    report: dict[str, Any] = {"requests": len(requests), "decide_seconds": seconds}
-    questions = sum(len(v) for v in vectors["fp32"])
+    report: dict[str, Any] = {"model": args.model, "requests": len(requests)}
     for name in ("int8 late", "int8 all"):
-        diffs, agree = [], 0
-        for exact_request, other_request in zip(vectors["fp32"], vectors[name], strict=True):
-            for exact, other in zip(exact_request, other_request, strict=True):
-                diffs += [abs(a - b) for a, b in zip(exact, other, strict=True)]
-                agree += exact.index(max(exact)) == other.index(max(other))
-        report[name] = {
-            "max_abs_dp": round(max(diffs), 4),
-            "mean_abs_dp": round(statistics.fmean(diffs), 5),
-            "top1_agreement": f"{agree}/{questions}",
-        }
+        report[name] = drift(vectors["fp32"], vectors[name])
 
-    # Prefill speed: the three backbones side by side, interleaved.
-    backbones = {
-        name: Backbone.load(path, device="cpu", **{k: v for k, v in options.items()})
-        for name, options in variants.items()
-    }
+    # Prefill speed: the three backbones side by side, interleaved repetition by repetition.
+    directory = model_directory(args.model)
+    backbones = {}
+    for name, values in VARIANTS.items():
+        options = engine_options(**values)
+        backbones[name] = Backbone.load(
+            directory, device="cpu", weights=options.weights, int8_layers=options.int8_layers
+        )
     ids = [random.Random(1).randrange(1000, 200_000) for _ in range(args.prefill_tokens)]
-    best = {name: float("inf") for name in backbones}
     for backbone in backbones.values():
         backbone.hidden_states(ids[:64])  # warm-up
+    seconds: dict[str, list[float]] = {name: [] for name in backbones}
     for _ in range(args.repeats):
         for name, backbone in backbones.items():
-            started = time.perf_counter()
-            backbone.hidden_states(ids)
-            best[name] = min(best[name], time.perf_counter() - started)
+            seconds[name] += repeat(lambda backbone=backbone: backbone.hidden_states(ids), 1, warmup=0).values
+    fp32 = seconds["fp32"]
     report["prefill"] = {
         "tokens": args.prefill_tokens,
-        "seconds": {name: round(value, 3) for name, value in best.items()},
-        "speedup_vs_fp32": {name: round(best["fp32"] / value, 2) for name, value in best.items()},
+        "seconds": {name: round(min(values), 3) for name, values in seconds.items()},
+        "spread_s": {name: spread(values) for name, values in seconds.items()},
+        "speedup_vs_fp32": {name: round(min(fp32) / min(values), 2) for name, values in seconds.items()},
+        # fp32 / mode for each interleaved repetition.
+        "speedup_spread": {
+            name: spread(a / b for a, b in zip(fp32, values, strict=True)) for name, values in seconds.items()
+        },
     }
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--kernel-tokens", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--weight-only-max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    add_run_arguments(parser, quick="T = 64, tiny model, 4 requests, 1 repeat", model="medium-1024")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="write the raw results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.kernel_tokens, args.repeats, args.model = [64], 1, "tiny"
+        args.requests, args.prefill_tokens, args.weight_only_max_tokens = 4, 128, 64
 
     from clef_runtime.model.kernels import configure_cpu_threads
 
     configure_cpu_threads()
-    result: dict[str, Any] = {
-        "benchmark": "bench_int8",
-        "machine": machine(),
-        "args": vars(args) | {"json": None},
+    shapes = [GemmShape(t, i, o) for i, o in KERNEL_SHAPES for t in args.kernel_tokens]
+    result = start_report(
+        "bench_int8",
+        __file__,
+        argv,
+        gemm_shapes=QUICK_SHAPES if args.quick else shapes,
+        gemm_repeats=max(args.repeats, 1),
+    )
+    result["args"] = {
+        key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
     }
-    sections = {"kernels": section_kernels, "memory": section_memory, "drift": section_drift}
+    sections: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "kernels": section_kernels,
+        "memory": section_memory,
+        "drift": section_drift,
+    }
     for name in args.sections:
-        started = time.perf_counter()
         result[name] = sections[name](args)
-        result[name]["wall_s"] = round(time.perf_counter() - started, 1)
-    result["loadavg_end"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    return publish(result, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

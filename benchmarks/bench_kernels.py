@@ -1,23 +1,23 @@
 """Prefill time of a random Qwen3.5 text model with transformers' reference GDN kernels vs ours.
 
-Not a test. Builds a random ``Qwen3_5TextModel`` (default "medium": hidden 1024, 8 layers in the
-3:1 DeltaNet/attention pattern, the real 9B head dims - 16 k / 32 v heads x 128 for the DeltaNet,
-16 q / 4 kv heads x 256 for attention - and a small vocabulary), then times full-sequence
-prefills at each T with the reference kernels and with ``install_cpu_kernels``, alternating
-between the two, and prints one JSON object.
+Not a test. Builds the text stack of a benchmark model (``--model``, default ``medium-1024``: hidden 1,024,
+8 layers in the 3:1 DeltaNet/attention pattern with the release's head dims; `benchmarks.lib.models`) in
+memory with a small vocabulary, then times full-sequence prefills at each T with the reference kernels and
+with ``install_cpu_kernels``, alternating between the two, and prints one JSON object.
 
-FLOP/s counts the linear layers only (2 x non-embedding parameters x tokens, the usual
-convention), so the DeltaNet scan, convolution, attention and norms show up as lost efficiency;
-it is also given as a fraction of the fp32 GEMM rate (4096 x 4096 @ 4096 x 4096 ``F.linear``)
-measured in the same run. With ``--profile`` each run is also broken down by component (timing
-wrappers around modules and kernel functions: adds a little overhead).
+FLOP/s counts the linear layers only (2 x non-embedding parameters x tokens, the usual convention), so the
+DeltaNet scan, convolution, attention and norms show up as lost efficiency; it is also given as a fraction
+of the fp32 GEMM limit over the model's own Linear shapes at that T, measured in the same run (the machine
+record). With ``--profile`` each run is also broken down by component (timing wrappers around modules and
+kernel functions: adds a little overhead).
 
-The machine is shared and noisy: every number is reported as min and median over ``--repeats``
-runs (plus process CPU time); compare the two kernels only within one run. On a busy machine run
-it with ``OMP_WAIT_POLICY=PASSIVE`` (see ``RECOMMENDED_CPU_ENVIRONMENT``), else 2-thread timings
-are dominated by OpenMP threads spinning at barriers.
+The machine is shared and noisy: every number is reported as min and median over ``--repeats`` runs (plus
+process CPU time), every sample kept; compare the two kernels only within one run. On a busy machine run it
+with ``OMP_WAIT_POLICY=PASSIVE`` (see ``RECOMMENDED_CPU_ENVIRONMENT``), else 2-thread timings are dominated
+by OpenMP threads spinning at barriers.
 
-    python benchmarks/bench_kernels.py --T 1024,2048 --repeats 2 --profile
+    python benchmarks/bench_kernels.py --T 1024,2048 --profile --json /tmp/kernels.json
+    python benchmarks/bench_kernels.py --quick                 # smoke run (medium, T = 128, seconds)
 """
 
 from __future__ import annotations
@@ -26,49 +26,41 @@ import argparse
 import collections
 import functools
 import json
-import os
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-MALLOC_SETTINGS = {
-    "MALLOC_MMAP_THRESHOLD_": "17179869184",
-    "MALLOC_TRIM_THRESHOLD_": "68719476736",
-    "MALLOC_TOP_PAD_": "1073741824",
-}
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODEL_KINDS: dict[str, dict[str, int]] = {
-    # the configuration of an early development profile: hidden 512, 8 layers, smaller heads.
-    "small": {
-        "hidden_size": 512,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 128,
-        "linear_num_key_heads": 4,
-        "linear_num_value_heads": 8,
-    },
-}
+from benchmarks.lib.results import add_run_arguments, publish, start_report
+from benchmarks.lib.timing import spread
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=sorted([*MODEL_KINDS, "medium"]), default="medium")
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    from benchmarks.lib.models import GEOMETRIES
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", choices=sorted(GEOMETRIES), default="medium-1024")
     parser.add_argument("--T", default="1024,2048", help="comma-separated prompt lengths")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="default: all CPUs of this process")
     parser.add_argument("--no-flush-denormal", action="store_true", help="leave denormals on (slow)")
     parser.add_argument("--profile", action="store_true", help="also time components (adds overhead)")
     parser.add_argument("--vocab", type=int, default=4096)
-    return parser.parse_args()
+    add_run_arguments(parser, quick="medium, T = 128, one repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.T, args.repeats = "medium", "128", 1
+    return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     # Threads and flush-to-zero first: OpenMP workers copy the FTZ flag when they are created.
     from clef_runtime.model.kernels import configure_cpu_threads
 
@@ -76,31 +68,37 @@ def main() -> None:
 
     import torch
 
-    torch.manual_seed(0)
-    model = build_model(args.kind, args.vocab)
-    gemm = measure_gemm()
+    from benchmarks.lib.gemm import gemm_limit, model_shapes
+    from benchmarks.lib.models import text_model
+
+    model = text_model(args.model, vocab_size=args.vocab)
     lengths = [int(t) for t in args.T.split(",")]
+    result = start_report(
+        "bench_kernels",
+        __file__,
+        argv,
+        gemm_shapes=model_shapes(model.layers, lengths),
+        gemm_repeats=max(args.repeats, 1),
+    )
     linear_params = sum(
         module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear)
     )
-    result: dict[str, Any] = {
-        "benchmark": "bench_kernels",
-        "kind": args.kind,
-        "config": {key: getattr(model.config, key) for key in CONFIG_KEYS},
-        "linear_params": linear_params,
-        "threads": threads,
-        "flush_denormal": not args.no_flush_denormal,
-        "malloc_tuned": all(os.environ.get(k) == v for k, v in MALLOC_SETTINGS.items()),
-        "loadavg_start": os.getloadavg(),
-        "gemm_fp32_gflops": gemm,
-        "runs": [],
-    }
+    result.update(
+        {
+            "model": args.model,
+            "config": {key: getattr(model.config, key) for key in CONFIG_KEYS},
+            "linear_params": linear_params,
+            "threads": threads,
+            "flush_denormal": not args.no_flush_denormal,
+            "runs": [],
+        }
+    )
     for seq_len in lengths:
+        gemm = gemm_limit(result["machine"]["gemm"], "fp32", model_shapes(model.layers, [seq_len]))
         result["runs"].append(run_length(model, seq_len, args.repeats, linear_params, gemm, args.profile))
         print(json.dumps(result["runs"][-1]), file=sys.stderr, flush=True)
-    result["loadavg_end"] = os.getloadavg()
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(json.dumps(result, indent=2))
+    return publish(result, args.json)
 
 
 CONFIG_KEYS = (
@@ -115,48 +113,6 @@ CONFIG_KEYS = (
     "linear_key_head_dim",
     "vocab_size",
 )
-
-
-def build_model(kind: str, vocab: int) -> Any:
-    from transformers import Qwen3_5TextConfig
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
-
-    settings: dict[str, int] = {
-        "vocab_size": vocab,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-    }
-    if kind == "medium":  # the one medium geometry, engine_bench.py's (imported late: it imports torch)
-        from engine_bench import MEDIUM_TEXT_OVERRIDES
-
-        settings.update(MEDIUM_TEXT_OVERRIDES)
-    else:
-        settings.update(MODEL_KINDS[kind])
-    return Qwen3_5TextModel(Qwen3_5TextConfig(**settings)).eval()
-
-
-def measure_gemm(size: int = 4096, repeats: int = 3) -> float:
-    """Best fp32 GFLOP/s of ``F.linear`` with a [size, size] input and a [size, size] weight."""
-    import torch
-    import torch.nn.functional as F
-
-    x = torch.randn(size, size)
-    w = torch.randn(size, size)
-    F.linear(x, w)
-    best = min(timed(lambda: F.linear(x, w)) for _ in range(repeats))
-    return 2 * size**3 / best / 1e9
-
-
-def timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def run_length(
@@ -192,6 +148,7 @@ def run_length(
     flops = 2 * linear_params * seq_len
     run: dict[str, Any] = {
         "T": seq_len,
+        "gemm_limit_fp32_gflops": gemm,
         "max_abs_diff": (outputs["clef"] - outputs["reference"]).abs().max().item(),
     }
     for name in variants:
@@ -199,6 +156,7 @@ def run_length(
         run[name] = {
             "wall_s_min": round(best, 3),
             "wall_s_median": round(statistics.median(walls[name]), 3),
+            "wall_spread_s": spread(walls[name]),
             "cpu_s_min": round(min(cpus[name]), 3),
             "tokens_per_s": round(seq_len / best, 1),
             "linear_gflops": round(flops / best / 1e9, 1),
@@ -207,6 +165,7 @@ def run_length(
         if name in breakdowns:
             run[name]["breakdown_s"] = breakdowns[name]
     run["speedup_wall_min"] = round(run["reference"]["wall_s_min"] / run["clef"]["wall_s_min"], 2)
+    run["speedup_spread"] = spread(a / b for a, b in zip(walls["reference"], walls["clef"], strict=True))
     return run
 
 
@@ -283,4 +242,4 @@ def component_breakdown(model: Any, ids: Any) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,14 @@
-"""Model benchmark: ``decide`` latency on the tiny and the medium model, split into encode / backbone / head /
-answer time, and the backbone's tokens/s as a fraction of this machine's fp32 GEMM rate measured in the same
-run. Each figure sits beside the reference-way baseline that `benchmarks/engine_bench.py` implements.
+"""Model benchmark: ``decide`` latency on the tiny and the hidden-1,024 benchmark model, split into encode /
+backbone / head / answer time, and the backbone's FLOP/s as a fraction of the GEMM limit over the model's own
+shapes, measured in the same run. Each figure sits beside the reference-way baseline that
+`benchmarks/engine_bench.py` implements.
 
 This is the ``gemm`` + ``latency`` part of ``benchmarks/engine_bench.py``; each model runs in a fresh process
 (clean peak RSS, no allocator state carried over).
 
-    python benchmarks/bench_model.py                          # tiny + medium, default mode
-    python benchmarks/bench_model.py --models medium --quick
-    python benchmarks/bench_model.py --out benchmarks/results/model.json
+    python benchmarks/bench_model.py                          # tiny + medium-1024, default mode
+    python benchmarks/bench_model.py --models tiny --quick --out /tmp/model.json
+    python benchmarks/bench_model.py --out benchmarks/results/model-2.json
 
 Not a test: the numbers depend on the machine and on whatever else runs on it (the load average is
 recorded with every figure).
@@ -17,54 +18,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.results import command_line, default_output, write_json
+from benchmarks.suite import add_mode_arguments, mode_of, run_engine_bench
 
 
-def run_model(model: str, mode: str, work_dir: Path) -> dict[str, Any]:
-    """Run ``engine_bench.py --sections gemm latency`` on ``model`` in a subprocess; returns its JSON."""
-    out = work_dir / f"model-{model}.json"
-    command = [sys.executable, str(REPO / "benchmarks" / "engine_bench.py"), "--model", model]
-    command += [
-        "--sections",
-        "gemm",
-        "latency",
-        "--json",
-        str(out),
-        "--markdown",
-        str(out.with_suffix(".md")),
-    ]
-    if mode != "default":
-        command.append(f"--{mode}")
-    subprocess.run(command, check=True, cwd=REPO)
-    return json.loads(out.read_text())
-
-
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the model benchmark and write the combined JSON; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny", "medium"])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true")
-    size.add_argument("--full", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS / "model.json")
-    args = parser.parse_args()
-    mode = "quick" if args.quick else "full" if args.full else "default"
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add_mode_arguments(parser, ["tiny", "medium-1024"])
+    parser.add_argument("--out", type=Path, default=None, help="default: a new file in benchmarks/results/")
+    args = parser.parse_args(argv)
+    mode = mode_of(args)
     reports: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="clef-bench-model-") as tmp:
         for model in args.models:
             print(f"== {model}", file=sys.stderr, flush=True)
-            reports[model] = run_model(model, mode, Path(tmp))
-            sys.stdout.write((Path(tmp) / f"model-{model}.md").read_text() + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "model", "mode": mode, "models": reports}, indent=2) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+            json_path = Path(tmp) / f"model-{model}.json"
+            markdown = run_engine_bench(model, mode, json_path, sections=["gemm", "latency"])
+            reports[model] = json.loads(json_path.read_text())
+            sys.stdout.write(markdown.read_text() + "\n")
+    combined = {
+        "benchmark": "model",
+        "command": command_line(__file__, argv),
+        "mode": mode,
+        "models": reports,
+    }
+    out = args.out or default_output("model")
+    write_json(out, combined)
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -10,90 +10,65 @@ it), shuffled with a fixed seed and sent at ``--concurrency``. Each configuratio
 - ``2 replicas, state affinity`` (one core each, the default router);
 - ``2 replicas, power of two`` (Ray Serve's default router, for comparison).
 
-Hit rate = share of responses with ``X-Clef-State-Cache: hit``. Writes raw JSON and a markdown table.
+Hit rate = share of responses with ``X-Clef-State-Cache: hit``; a state *computed twice* is one that missed
+on both replicas (every miss computes the state on the replica that answered). Each configuration sends
+``--passes`` workloads (default 3, fresh states each) to its one server, and reports requests/s and hit rate
+per pass with their spread. Writes raw JSON and a markdown table.
 
 Usage::
 
-    python benchmarks/bench_ray.py --out benchmarks/results/ray.json
+    python benchmarks/bench_ray.py --out benchmarks/results/ray-2.json
+    python benchmarks/bench_ray.py --quick --out /tmp/ray.json           # smoke run (a minute: Ray starts)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import signal
-import socket
-import subprocess
+import statistics
 import sys
+import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.harness import ServerProcess, start_clef_server
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.results import add_run_arguments, save, start_report
+from benchmarks.lib.timing import spread
+
 WORDS = ("order", "refund", "charged", "twice", "invoice", "login", "crash", "delivery", "late", "address")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start(model: str, replicas: int, cpus: float, routing: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "clef_runtime.cli",
-        "serve",
-        "--ray",
-        "--model",
+def start(model: str, replicas: int, cpus: float, routing: str, log_path: Path) -> ServerProcess:
+    """``clef serve --ray`` with a local Ray head, ready once every replica is up."""
+    return start_clef_server(
         model,
-        "--port",
-        str(port),
-        "--replicas",
-        str(replicas),
-        "--ray-num-cpus",
-        str(cpus),
-        "--ray-routing",
-        routing,
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        log_path=log_path,
+        ready=lambda response: response.json().get("replicas", {}).get("up") == replicas,
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        new_session=True,
+        ray=True,
+        replicas=replicas,
+        ray_num_cpus=cpus,
+        ray_routing=routing,
+        log_level="warning",
+        jobs=False,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("not ready in 600 s")
-        try:
-            ready = httpx.get(url + "/ready", timeout=5)
-            if ready.status_code == 200 and ready.json()["replicas"]["up"] == replicas:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
 
 
 def workload(states: int, schemas: int, words: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(words)) + f" (case {n})" for n in range(states)]
+    texts = [" ".join(rng.choice(WORDS) for _ in range(words)) + f" (case {seed}-{n})" for n in range(states)]
     bodies = [
         {"state": text, "questions": {f"q{k}": {"type": "noul", "instructions": f"Question {k} about it?"}}}
         for text in texts
@@ -103,48 +78,88 @@ def workload(states: int, schemas: int, words: int, seed: int) -> list[dict[str,
     return bodies
 
 
-def run(args: argparse.Namespace, label: str, replicas: int, cpus: float, routing: str) -> dict[str, Any]:
-    process, url = start(args.model, replicas, cpus, routing)
-    try:
-        with httpx.Client(base_url=url, timeout=600) as client:
-            client.post("/v1/systemone", json=workload(1, 1, 20, 999)[0])  # warm the path
-            bodies = workload(args.states, args.schemas, args.state_words, args.seed)
-            started = time.perf_counter()
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                responses = list(pool.map(lambda body: client.post("/v1/systemone", json=body), bodies))
-            seconds = time.perf_counter() - started
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(120)
-    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+def one_pass(client: httpx.Client, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """One shuffled workload at ``--concurrency``: throughput, hit rate, where each state was computed."""
+    bodies = workload(args.states, args.schemas, args.state_words, seed)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        responses = list(pool.map(lambda body: client.post("/v1/systemone", json=body), bodies))
+    seconds = time.perf_counter() - started
+    failed = [r.text for r in responses if r.status_code != 200]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed: {failed[:3]}")
     outcomes = Counter(r.headers.get("x-clef-state-cache", "unknown") for r in responses)
-    per_replica = Counter(r.headers["x-clef-replica"] for r in responses)
+    computed_on: dict[str, set[str]] = defaultdict(set)
+    for body, response in zip(bodies, responses, strict=True):
+        if response.headers.get("x-clef-state-cache") != "hit":
+            computed_on[body["state"]].add(response.headers["x-clef-replica"])
+    return {
+        "requests": len(responses),
+        "seconds": round(seconds, 3),
+        "requests_per_s": round(len(responses) / seconds, 2),
+        "hit_rate": round(outcomes.get("hit", 0) / len(responses), 3),
+        "state_cache": dict(outcomes),
+        "states": args.states,
+        "states_computed_on_both_replicas": sum(len(replicas) > 1 for replicas in computed_on.values()),
+        "per_replica": dict(Counter(r.headers["x-clef-replica"] for r in responses)),
+    }
+
+
+def run(args: argparse.Namespace, label: str, replicas: int, cpus: float, routing: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start(resolve_model(args.model), replicas, cpus, routing, Path(tmp) / "server.log")
+        try:
+            with httpx.Client(base_url=server.url, timeout=600) as client:
+                client.post("/v1/systemone", json=workload(1, 1, 20, 999)[0])  # warm the path
+                passes = [one_pass(client, args, args.seed + number) for number in range(args.passes)]
+        finally:
+            server.stop(120)
     return {
         "config": label,
         "replicas": replicas,
         "ray_num_cpus": cpus,
         "routing": routing,
-        "requests": len(responses),
-        "seconds": round(seconds, 2),
-        "requests_per_s": round(len(responses) / seconds, 2),
-        "hit_rate": round(outcomes.get("hit", 0) / len(responses), 3),
-        "state_cache": dict(outcomes),
-        "per_replica": dict(per_replica),
+        "requests_per_s": round(statistics.median(p["requests_per_s"] for p in passes), 2),
+        "hit_rate": round(statistics.median(p["hit_rate"] for p in passes), 3),
+        "requests_per_s_spread": spread((p["requests_per_s"] for p in passes), 2),
+        "hit_rate_spread": spread((p["hit_rate"] for p in passes), 3),
+        "passes": passes,
     }
 
 
-def main() -> int:
+def markdown(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| configuration | req/s: median (min-max), passes | vs 1 replica | state-cache hit rate (min-max) "
+        "| states computed on both replicas, per pass | requests per replica, first pass |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        rate, hits = r["requests_per_s_spread"], r["hit_rate_spread"]
+        twice = [p["states_computed_on_both_replicas"] for p in r["passes"]]
+        lines.append(
+            f"| {r['config']} | {rate['median']} ({rate['min']}-{rate['max']}), {rate['n']} "
+            f"| {r['throughput_vs_1_replica']}x | {hits['median']:.0%} ({hits['min']:.0%}-{hits['max']:.0%}) "
+            f"| {twice} of {r['passes'][0]['states']} | {sorted(r['passes'][0]['per_replica'].values())} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="tiny")
+    add_run_arguments(parser, quick="2 states x 2 schemas, one pass", output="--out", model="tiny")
     parser.add_argument("--states", type=int, default=8)
     parser.add_argument("--schemas", type=int, default=6)
     parser.add_argument("--state-words", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--passes", type=int, default=3, help="workloads per configuration (fresh states)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.states, args.schemas, args.state_words, args.passes = 2, 2, 50, 1
+    report = start_report("ray", __file__, argv, quick=args.quick)
+    report["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     cores = float(len(os.sched_getaffinity(0)))
     runs = [
         run(args, "1 replica", 1, cores, "state-affinity"),
@@ -154,21 +169,11 @@ def main() -> int:
     base = runs[0]["requests_per_s"]
     for r in runs:
         r["throughput_vs_1_replica"] = round(r["requests_per_s"] / base, 2)
-    lines = [
-        "| configuration | req/s | vs 1 replica | state-cache hit rate | requests per replica |",
-        "|---|---|---|---|---|",
-    ]
-    for r in runs:
-        lines.append(
-            f"| {r['config']} | {r['requests_per_s']} | {r['throughput_vs_1_replica']}x "
-            f"| {r['hit_rate']:.0%} | {sorted(r['per_replica'].values())} |"
-        )
-    table = "\n".join(lines)
+    report["runs"] = runs
+    out = save(report, args.out, "ray")
+    table = markdown(runs)
     print(table)
-    if args.out:
-        report = {"benchmark": "ray", "command": " ".join(sys.argv), "settings": vars(args), "runs": runs}
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        Path(args.out).with_suffix(".md").write_text(table + "\n")
+    out.with_suffix(".md").write_text(table + "\n")
     return 0
 
 

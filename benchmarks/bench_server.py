@@ -1,14 +1,18 @@
 """HTTP server benchmark: requests/s and p50/p95 latency of ``clef serve`` at several client concurrencies.
 
-For each model (``tiny``, and the ``medium`` random model of ``engine_bench.py``) two servers run
-side by side, one with dynamic batching (the default) and one with ``--deterministic`` (every request alone),
-and a mixed workload is sent at concurrency 1, 4 and 16, alternating between the two servers round by
-round so that other load on the machine affects both alike. The model "null" is an instant engine: it
-measures the server's own overhead per request (HTTP + body parsing + validation + scheduling +
-serialisation).
+For each model (``null``, ``tiny``, and the hidden-512 ``medium`` benchmark model) two servers run side by
+side, one with dynamic batching (the default) and one with ``--deterministic`` (every request alone), and a
+mixed workload is sent at concurrency 1, 4 and 16, alternating between the two servers round by round so
+that other load on the machine affects both alike. The model "null" is an instant engine served through the
+real server code (`benchmarks.lib.engine_server`): it measures the server's own overhead per request (HTTP +
+body parsing + validation + scheduling + serialisation), read from each answer's ``x_latency_ms``.
 
-    python benchmarks/bench_server.py            # everything; results in benchmarks/results/server.json
-    python benchmarks/bench_server.py --models tiny --requests 32 --rounds 3 --concurrency 1 4
+Every round sends fresh requests and is kept on its own: a row reports the figures over all rounds and
+their spread over rounds (requests/s, p50, the server's own p50), ``--rounds`` (default 3) of them.
+
+    python benchmarks/bench_server.py                       # everything, a new file in benchmarks/results/
+    python benchmarks/bench_server.py --models null --rounds 5 --out /tmp/server-null.json
+    python benchmarks/bench_server.py --quick               # smoke run (null and tiny, seconds)
 
 Not a test: numbers depend on the machine. Each server process is started fresh, warmed with a few
 requests, and stopped with SIGTERM.
@@ -18,25 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # tests.serving: the server-start helper the tests use too
-    sys.path.insert(0, str(REPO))
-
-from tests.serving import ServerProcess, free_port, start_server_process  # noqa: E402
+from benchmarks.lib.harness import Load, ServerProcess, engine_launcher, post_all, start_clef_server
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.results import add_run_arguments, save, start_report
+from benchmarks.lib.timing import percentile, spread
 
 QUESTIONS = [
     ("refund", {"type": "noul", "instructions": "Is the customer asking for money back?"}),
@@ -69,101 +69,119 @@ def workload(count: int, seed: int = 0) -> list[dict[str, Any]]:
     return bodies
 
 
-def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    """Send every body once with ``concurrency`` client threads (one keep-alive connection each).
-
-    Returns the raw measurements: wall seconds, per-request latencies, the server's own x_latency_ms."""
-    clients = [httpx.Client(base_url=url, timeout=600) for _ in range(concurrency)]
-    latencies: list[float] = []
-    server_ms: list[float] = []
-    errors = 0
-
-    def worker(index: int) -> None:
-        nonlocal errors
-        client = clients[index]
-        for body in bodies[index::concurrency]:
-            started = time.perf_counter()
-            response = client.post("/v1/systemone", json=body)
-            latencies.append(time.perf_counter() - started)
-            if response.status_code != 200:
-                errors += 1
-            elif "x_latency_ms" in response.json():
-                server_ms.append(response.json()["x_latency_ms"])
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, range(concurrency)))
-    elapsed = time.perf_counter() - started
-    for client in clients:
-        client.close()
-    return {"seconds": elapsed, "latencies": latencies, "server_ms": server_ms, "errors": errors}
-
-
-def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One table row from several rounds: total requests / total seconds, latency percentiles over all."""
-    latencies = sorted(x for run in runs for x in run["latencies"])
-    server_ms = [x for run in runs for x in run["server_ms"]]
-    seconds = sum(run["seconds"] for run in runs)
+def summarize(runs: Sequence[Load]) -> dict[str, Any]:
+    """One table row from several rounds: total requests / total seconds, latency percentiles over all
+    requests, and the spread over rounds of requests/s, p50 and the server's own p50."""
+    latencies = [x for run in runs for x in run.latencies_s]
+    server_ms = [x for run in runs for x in run.server_ms]
+    seconds = sum(run.seconds for run in runs)
     return {
         "requests": len(latencies),
-        "errors": sum(run["errors"] for run in runs),
+        "rounds": len(runs),
+        "errors": sum(run.errors for run in runs),
         "seconds": round(seconds, 3),
         "requests_per_s": round(len(latencies) / seconds, 2),
         "p50_ms": round(1000 * statistics.median(latencies), 1),
-        "p95_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 1),
-        "server_p50_ms": round(statistics.median(server_ms), 1) if server_ms else None,
+        "p95_ms": round(1000 * percentile(latencies, 0.95), 1),
+        "server_p50_ms": round(statistics.median(server_ms), 2) if server_ms else None,
+        "requests_per_s_spread": spread((len(run.latencies_s) / run.seconds for run in runs), 2),
+        "p50_ms_spread": spread((1000 * statistics.median(run.latencies_s) for run in runs), 2),
+        "server_p50_ms_spread": (
+            spread((statistics.median(run.server_ms) for run in runs), 3)
+            if all(run.server_ms for run in runs)
+            else None
+        ),
     }
 
 
 # ------------------------------------------------------------------------------------- the null engine
 
 
-NULL_SERVER = """
-import sys
-from clef_runtime.options import EngineOptions
-from clef_runtime.protocol.systemone import parse_request
-from clef_runtime.server.cli import configure_logging, serve
-from clef_runtime.server.settings import ServerSettings
-
-class Record:
+class _Record:
     truncated_state_tokens = 0
-    def __init__(self, tokens): self.input_tokens = tokens
 
-class Prepared:
-    def __init__(self, request, record): self.request, self.record = request, record
+    def __init__(self, tokens: int) -> None:
+        self.input_tokens = tokens
 
-class NullEngine:  # the server's engine contract (clef_runtime.engine.contract), answering at once
+
+class _Prepared:
+    def __init__(self, request: Any, record: _Record) -> None:
+        self.request, self.record = request, record
+
+
+class NullEngine:
+    """The server's engine contract (`clef_runtime.engine.contract`), answering at once: what is left of a
+    request's time is the server's own."""
+
     name, description, release_date, untrained, max_length = "null", "instant answers", None, True, 16384
-    options = EngineOptions()
-    def prepare(self, request, *, max_length=None):
-        parsed = parse_request(request)
-        return Prepared(parsed, Record(len(str(parsed.state)) // 4 + 40))
-    def warmup(self): pass
-    def cache_stats(self): return {}
-    def decide_encoded(self, items):
-        out = []
-        for request, record in ((item.request, item.record) for item in items):
-            answers = {}
-            for qid, q in request.questions.items():
-                if q.type == "noul":
-                    answers[qid] = {"type": "noul", "noul": 0.5}
-                elif q.type == "choice":
-                    keys = list(q.criteria); p = round(1 / len(keys), 4)
-                    answers[qid] = {"type": "choice", "choice": keys[0], "confidence": p,
-                                    "probabilities": {k: p for k in keys}}
-                else:
-                    n = len(q.criteria); p = round(1 / n, 4)
-                    answers[qid] = {"type": "score", "score": round((n - 1) / 2, 4), "confidence": p,
-                                    "legend": {str(i): c for i, c in enumerate(q.criteria)},
-                                    "probabilities": {str(i): p for i in range(n)}}
-            out.append({"model": request.model or "null", "answers": answers,
-                        "usage": {"input_tokens": record.input_tokens, "output_tokens": 0}})
-        return out
+    calibration_card = None
+    device, weight_mode = "cpu", "none"
 
-configure_logging("warning")
-sys.exit(serve(ServerSettings(model="null", port=int(sys.argv[1]), deterministic=sys.argv[2] == "1"),
-               engine_factory=lambda s: NullEngine()))
-"""
+    def __init__(self) -> None:
+        from clef_runtime.options import EngineOptions
+
+        self.options = EngineOptions()
+
+    def prepare(self, request: Any, *, max_length: int | None = None) -> _Prepared:
+        from clef_runtime.protocol.systemone import parse_request
+
+        parsed = parse_request(request)
+        return _Prepared(parsed, _Record(len(str(parsed.state)) // 4 + 40))
+
+    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+        pass
+
+    def cache_stats(self) -> dict[str, int]:
+        return {}
+
+    def replica_status(self) -> None:
+        return None
+
+    def prepare_compute_thread(self) -> None:
+        pass
+
+    def decide_encoded(self, items: Sequence[_Prepared]) -> list[dict[str, Any]]:
+        return [self._answer(item.request, item.record) for item in items]
+
+    @staticmethod
+    def _answer(request: Any, record: _Record) -> dict[str, Any]:
+        answers: dict[str, Any] = {}
+        for qid, question in request.questions.items():
+            if question.type == "noul":
+                answers[qid] = {"type": "noul", "noul": 0.5}
+                continue
+            keys = (
+                list(question.criteria) if question.type == "choice" else list(range(len(question.criteria)))
+            )
+            p = round(1 / len(keys), 4)
+            probabilities = {str(key): p for key in keys}
+            if question.type == "choice":
+                answers[qid] = {"type": "choice", "choice": keys[0], "confidence": p}
+            else:
+                legend = {str(i): criterion for i, criterion in enumerate(question.criteria)}
+                answers[qid] = {"type": "score", "score": round((len(keys) - 1) / 2, 4), "confidence": p}
+                answers[qid]["legend"] = legend
+            answers[qid]["probabilities"] = probabilities
+        usage = {"input_tokens": record.input_tokens, "output_tokens": 0}
+        return {"model": request.model or "null", "answers": answers, "usage": usage}
+
+
+def null_engine() -> NullEngine:
+    """The factory `benchmarks.lib.engine_server` calls in the server process."""
+    return NullEngine()
+
+
+# ------------------------------------------------------------------------------------------ the runs
+
+
+def start(model: str, deterministic: bool, log_path: Path) -> ServerProcess:
+    """One benchmarked server: ``null`` through the engine launcher, other models through ``clef serve``."""
+    # No batch jobs: two servers run side by side, and a jobs database belongs to one server.
+    settings: dict[str, Any] = {"log_level": "warning", "deterministic": deterministic or None, "jobs": False}
+    if model == "null":
+        launcher = engine_launcher("benchmarks.bench_server:null_engine")
+        return start_clef_server("null", launcher=launcher, log_path=log_path, **settings)
+    return start_clef_server(resolve_model(model), log_path=log_path, **settings)
 
 
 def bench_model(
@@ -172,63 +190,46 @@ def bench_model(
     """Both modes of one model, started side by side and measured in alternating rounds (batching,
     deterministic, batching, ...) so that load from elsewhere on a shared machine hits both alike. Every
     round sends requests of its own (the engine's state cache would answer a repeated state without its
-    prefill); a last "warm" row replays requests already sent, to show the cache."""
+    prefill); a last "warm" row replays requests already sent, ``rounds`` times, to show the cache."""
     servers: dict[str, ServerProcess] = {}
     try:
         for mode in ("batching", "deterministic"):
-            port = free_port()
-            command = server_command(model, port, mode == "deterministic", tmp_dir)
-            log_path = tmp_dir / f"{model}-{mode}.log"
-            servers[mode] = start_server_process(command, port, log_path=log_path, timeout=600)
-            run_load(servers[mode].url, workload(4, seed=999), 1)  # warm-up
+            servers[mode] = start(model, mode == "deterministic", tmp_dir / f"{model}-{mode}.log")
+            post_all(servers[mode].url, workload(4, seed=999), 1)  # warm-up
         rows = []
         seed = 0
         sent: list[dict[str, Any]] = []
         for concurrency in concurrencies:
-            runs: dict[str, list[dict[str, Any]]] = {"batching": [], "deterministic": []}
+            runs: dict[str, list[Load]] = {"batching": [], "deterministic": []}
             for _ in range(rounds):
                 seed += 1
                 sent = workload(requests, seed=seed)
                 for mode, server in servers.items():
-                    runs[mode].append(run_load(server.url, sent, concurrency))
-            for mode, mode_runs in runs.items():
-                row = {
-                    "model": model,
-                    "mode": mode,
-                    "concurrency": concurrency,
-                    "cache": "cold",
-                    **summarize(mode_runs),
-                }
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-        for mode, server in servers.items():
-            row = {
-                "model": model,
-                "mode": mode,
-                "concurrency": concurrencies[-1],
-                "cache": "warm (repeat)",
-                **summarize([run_load(server.url, sent, concurrencies[-1])]),
-            }
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-        return rows
+                    runs[mode].append(post_all(server.url, sent, concurrency))
+            rows += _rows(model, concurrency, "cold", runs)
+        warm = {
+            mode: [post_all(server.url, sent, concurrencies[-1]) for _ in range(rounds)]
+            for mode, server in servers.items()
+        }
+        return rows + _rows(model, concurrencies[-1], "warm (repeat)", warm)
     finally:
         for server in servers.values():
             server.stop(120)
 
 
-def server_command(model: str, port: int, deterministic: bool, tmp_dir: Path) -> list[str]:
-    """The command line of one benchmarked server."""
-    if model == "null":
-        return [sys.executable, "-c", NULL_SERVER, str(port), "1" if deterministic else "0"]
-    spec = model
-    if model == "medium":
-        from engine_bench import ensure_medium_checkpoint  # benchmarks/: the one medium model
-
-        spec = str(ensure_medium_checkpoint())
-    command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", spec, "--port", str(port)]
-    command += ["--log-level", "warning"]
-    return command + (["--deterministic"] if deterministic else [])
+def _rows(model: str, concurrency: int, cache: str, runs: dict[str, list[Load]]) -> list[dict[str, Any]]:
+    rows = []
+    for mode, mode_runs in runs.items():
+        row = {
+            "model": model,
+            "mode": mode,
+            "concurrency": concurrency,
+            "cache": cache,
+            **summarize(mode_runs),
+        }
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_spread")}), flush=True)
+        rows.append(row)
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,42 +237,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["null", "tiny", "medium"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=16, help="requests per round")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per concurrency level")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "server.json")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per concurrency level")
+    add_run_arguments(parser, quick="null and tiny, 4 requests, 1 round", output="--out")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.concurrency, args.requests, args.rounds = ["null", "tiny"], [1, 4], 4, 1
 
+    report = start_report("bench_server", __file__, argv, quick=args.quick)
     rows: list[dict[str, Any]] = []
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="clef-bench-") as tmp:
         for model in args.models:
             print(f"== {model}", flush=True)
             rows += bench_model(model, args.requests, args.rounds, args.concurrency, Path(tmp))
-    result = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average_before_after": [load_before, os.getloadavg()],
-        },
-        "workload": {
-            "requests_per_round": args.requests,
-            "rounds": args.rounds,
-            "questions": "1-4 mixed",
-            "state_words": "10-400",
-        },
-        "rows": rows,
+    report["workload"] = {
+        "requests_per_round": args.requests,
+        "rounds": args.rounds,
+        "questions": "1-4 mixed",
+        "state_words": "10-400",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| model | mode | concurrency | state cache | req/s | p50 ms | p95 ms | server p50 ms |")
+    report["rows"] = rows
+    out = save(report, args.out, "server")
+    print(
+        "\n| model | mode | concurrency | state cache | req/s (min-max) | p50 ms | p95 ms | server p50 ms |"
+    )
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for row in rows:
         server_p50 = row["server_p50_ms"] if row["server_p50_ms"] is not None else "-"
+        rate = row["requests_per_s_spread"]
         print(
             f"| {row['model']} | {row['mode']} | {row['concurrency']} | {row['cache']} "
-            f"| {row['requests_per_s']} | {row['p50_ms']} | {row['p95_ms']} | {server_p50} |"
+            f"| {row['requests_per_s']} ({rate['min']}-{rate['max']}) | {row['p50_ms']} | {row['p95_ms']} "
+            f"| {server_p50} |"
         )
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {out}")
     return 0
 
 

@@ -6,9 +6,11 @@
   in fp32 (so the load time is measured too; ``--real-in-memory`` skips the disk round trip).
 
 Modes: ``native`` (capped at 1,024 tokens) on a 1024x768 photo-like JPEG, ``g256``, ``g448``.
-Prints one JSON object. Not a test: numbers depend on the machine and on its load.
+Prints one JSON object (and writes it with ``--json``): every time with its runs, median, min and max. Not
+a test: numbers depend on the machine and on its load.
 
-    python benchmarks/bench_vision.py [--reps 3] [--real-reps 1] [--skip-real] [--threads N]
+    python benchmarks/bench_vision.py [--reps 3] [--real-reps 3] [--skip-real] [--threads N] [--json OUT]
+    python benchmarks/bench_vision.py --quick          # smoke run (tiny tower only, seconds)
 """
 
 from __future__ import annotations
@@ -16,13 +18,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,11 @@ import numpy as np
 import torch
 from PIL import Image, ImageFilter
 
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.results import add_run_arguments, publish, start_report
+from benchmarks.lib.timing import Samples
 from clef_runtime.protocol.images import ImageSource
 from clef_runtime.vision.decode import decode_image
 from clef_runtime.vision.preprocess import preprocess
@@ -87,11 +91,14 @@ def timed(function: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
     return times, result
 
 
-def summary(times: list[float]) -> dict[str, float]:
+def summary(times: list[float]) -> dict[str, Any]:
+    samples = Samples.of(times)
     return {
-        "median_ms": round(statistics.median(times), 2),
-        "min_ms": round(min(times), 2),
+        "median_ms": round(samples.median, 2),
+        "min_ms": round(samples.min, 2),
+        "max_ms": round(samples.max, 2),
         "runs": len(times),
+        "samples_ms": [round(value, 2) for value in samples.values],
     }
 
 
@@ -132,31 +139,29 @@ def bench_tower(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5, help="runs per measurement (decode, preprocess, tiny)")
-    parser.add_argument("--real-reps", type=int, default=2, help="runs per mode on the real-width tower")
+    parser.add_argument("--real-reps", type=int, default=3, help="runs per mode on the real-width tower")
     parser.add_argument(
-        "--real-native-reps", type=int, default=1, help="runs of native mode on the real tower"
+        "--real-native-reps", type=int, default=3, help="runs of native mode on the real tower"
     )
     parser.add_argument("--skip-real", action="store_true", help="only the tiny tower")
     parser.add_argument("--real-in-memory", action="store_true", help="build the real tower in memory")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add_run_arguments(parser, quick="the tiny tower only, 1 run each")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.skip_real, args.reps = True, 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    report = start_report("bench_vision", __file__, argv, quick=args.quick)
 
     jpeg = photo_like_jpeg()
     source = ImageSource(jpeg, "image/jpeg", ("images", 0))
     decode_times, image = timed(lambda: decode_image(source), args.reps)
     result: dict[str, Any] = {
-        "machine": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        **report,
         "image": {"size": list(image.size), "format": "JPEG q90", "bytes": len(jpeg)},
         "decode": summary(decode_times),
         "preprocess": {},
@@ -214,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in MODES
         }
     result["total_per_image_ms"] = totals
-    print(json.dumps(result, indent=2))
-    return 0
+    return publish(result, args.json)
 
 
 if __name__ == "__main__":

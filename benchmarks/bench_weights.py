@@ -2,11 +2,11 @@
 
 Not a test. Each (mode, allocator setting) runs in its own subprocess, because glibc's malloc
 settings must be in the environment before Python starts and because peak RSS is per process.
-A worker builds four Qwen3.5-9B layers (3 Gated DeltaNet + 1 attention: hidden 4096,
-intermediate 12288, all real head dims, vocabulary 4096 instead of 248,320) with random weights,
-applies the mode, installs the CPU kernels, and times full-sequence prefills (``use_cache=False``)
-at each T. It also measures this machine's GEMM rate (``F.linear`` 4096 x 4096 @ 4096 x 4096, fp32
-and bf16) in the same process.
+A worker builds the ``wide`` benchmark block (`benchmarks.lib.models`: four Qwen3.5-9B layers, 3 Gated
+DeltaNet + 1 attention, hidden 4096, intermediate 12288, all real head dims, vocabulary 4096 instead of
+248,320) with the random-checkpoint recipe, applies the mode, installs the CPU kernels, and times
+full-sequence prefills (``use_cache=False``) at each T. The parent process measures the machine record
+with the GEMM limits (fp32, bf16, int8) over the block's own Linear shapes at each T.
 
 Modes:
   fp32                 fp32 weights, transformers as is
@@ -26,6 +26,7 @@ stable figure), and the load average is recorded. Other environment variables (e
     python benchmarks/bench_weights.py                       # all modes, tuned malloc; fp32 and
                                                              # bf16-storage also untuned
     python benchmarks/bench_weights.py --modes fp32,bf16-storage --malloc tuned --T 256
+    python benchmarks/bench_weights.py --quick                # smoke run (medium block, T = 64)
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.lib.results import add_run_arguments, publish, start_report
+from benchmarks.lib.timing import spread
 
 MALLOC_SETTINGS = {
     "MALLOC_MMAP_THRESHOLD_": "17179869184",
@@ -50,12 +59,11 @@ DEFAULT_UNTUNED = ("fp32", "bf16-storage")
 
 # Qwen3.5-9B text model (no lm_head): 7.937e9 parameters, 1.017e9 of them the embedding.
 NINE_B_TEXT_PARAMS = 7_937_000_000
-NINE_B_BLOCKS = 8  # 32 layers = 8 x (3 DeltaNet + 1 attention)
 GIB = 1 << 30
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--malloc", choices=("tuned", "default", "both"), default="both")
     parser.add_argument(
@@ -64,26 +72,56 @@ def parse_args() -> argparse.Namespace:
         help="with --malloc both: the modes also run with glibc's default allocator settings",
     )
     parser.add_argument("--T", default="256,1024")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--model", default="wide", help="the block's geometry (default wide: the 9B's layers)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--accuracy",
         action="store_true",
         help="instead of timing: compare bf16-compute and pure bf16 outputs with bf16 storage (fp32 compute)",
     )
+    add_run_arguments(parser, quick="medium block, T = 64, 1 repeat")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.T, args.repeats = "medium", "64", 1
+        args.modes, args.malloc = "fp32,bf16-storage", "tuned"
+    return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.worker:
         print(json.dumps(run_worker(args)))
-        return
+        return 0
+    from clef_runtime.model.kernels import configure_cpu_threads
+
+    configure_cpu_threads(args.threads)
+    from benchmarks.lib.gemm import model_shapes
+    from benchmarks.lib.models import text_model
+
+    block = text_model(args.model, device="meta")
+    report = start_report(
+        "bench_weights",
+        __file__,
+        argv,
+        gemm_shapes=model_shapes(block.layers, [int(t) for t in args.T.split(",")]),
+        gemm_repeats=max(args.repeats, 1),
+    )
     if args.accuracy:
-        print(json.dumps(run_accuracy(args), indent=2))
-        return
+        report["accuracy"] = run_accuracy(args)
+    else:
+        report["workers"] = run_workers(args)
+        if args.model == "wide":
+            report["nine_b"] = extrapolate(report["workers"])
+    return publish(report, args.json)
+
+
+def run_workers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (mode, allocator) worker, one after the other; returns their results."""
     modes = [mode for mode in args.modes.split(",") if mode]
     jobs: list[tuple[str, bool]] = []
     if args.malloc in ("tuned", "both"):
@@ -96,11 +134,7 @@ def main() -> None:
     for mode, tuned in jobs:
         results.append(spawn_worker(args, mode, tuned))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    print(
-        json.dumps(
-            {"benchmark": "bench_weights", "workers": results, "nine_b": extrapolate(results)}, indent=2
-        )
-    )
+    return results
 
 
 def spawn_worker(args: argparse.Namespace, mode: str, tuned: bool) -> dict[str, Any]:
@@ -117,6 +151,8 @@ def spawn_worker(args: argparse.Namespace, mode: str, tuned: bool) -> dict[str, 
         args.T,
         "--repeats",
         str(args.repeats),
+        "--model",
+        args.model,
     ]
     if args.threads is not None:
         command += ["--threads", str(args.threads)]
@@ -131,6 +167,9 @@ def spawn_worker(args: argparse.Namespace, mode: str, tuned: bool) -> dict[str, 
 
 def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
     """9B estimates per (mode, malloc): 8 x the block's prefill time; weights + measured working memory."""
+    from benchmarks.lib.models import GEOMETRIES
+
+    blocks = GEOMETRIES["release"].layers // GEOMETRIES["wide"].layers
     estimates: dict[str, Any] = {}
     for result in results:
         if "error" in result:
@@ -144,8 +183,8 @@ def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
             "peak_gib_estimate": round(weights_gib + working_gib + result["scratch_gib"], 1),
             "prefill": {
                 str(run["T"]): {
-                    "seconds": round(NINE_B_BLOCKS * run["wall_s_min"], 1),
-                    "tokens_per_s": round(run["T"] / (NINE_B_BLOCKS * run["wall_s_min"]), 2),
+                    "seconds": round(blocks * run["wall_s_min"], 1),
+                    "tokens_per_s": round(run["T"] / (blocks * run["wall_s_min"]), 2),
                 }
                 for run in result["runs"]
             },
@@ -163,14 +202,14 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     threads = configure_cpu_threads(args.threads)  # first: FTZ must precede any parallel work
     import torch
 
+    from benchmarks.lib.models import text_model
     from clef_runtime.model.kernels import install_cpu_kernels
     from clef_runtime.model.weights import apply_bf16_storage, parameter_bytes
 
-    gemm = {"fp32": measure_gemm(torch.float32), "bf16": measure_gemm(torch.bfloat16)}
     load_start = os.getloadavg()
     build_start = time.perf_counter()
     mode = args.mode
-    model = build_real_block(torch.float32 if mode == "fp32" else torch.bfloat16)
+    model = text_model(args.model, torch.float32 if mode == "fp32" else torch.bfloat16)
     if mode in ("bf16-storage", "bf16-compute"):
         apply_bf16_storage(model, compute_dtype=torch.bfloat16 if mode == "bf16-compute" else torch.float32)
     install_cpu_kernels(model)
@@ -199,6 +238,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
                     "T": seq_len,
                     "wall_s_min": round(best, 3),
                     "wall_s_median": round(statistics.median(walls), 3),
+                    "wall_spread_s": spread(walls),
                     # CPU seconds of the process: with one thread, robust to time-slicing on a busy machine.
                     "cpu_s_min": round(min(cpus), 3),
                     "tokens_per_s": round(seq_len / best, 1),
@@ -209,7 +249,6 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "mode": mode,
         "malloc_tuned": all(os.environ.get(k) == v for k, v in MALLOC_SETTINGS.items()),
         "threads": threads,
-        "gemm_gflops": {name: round(value, 1) for name, value in gemm.items()},
         "param_bytes_gib": round(parameter_bytes(model) / GIB, 3),
         "scratch_gib": round(scratch_bytes(model) / GIB, 3),
         "build_s": round(build_s, 1),
@@ -229,11 +268,9 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     weights). Random weights: this shows the size of the rounding, not how a trained model's
     answers move.
     """
-    from clef_runtime.model.kernels import configure_cpu_threads
-
-    configure_cpu_threads(args.threads)
     import torch
 
+    from benchmarks.lib.models import text_model
     from clef_runtime.model.kernels import install_cpu_kernels
     from clef_runtime.model.weights import apply_bf16_storage, set_linear_compute_dtype
 
@@ -241,14 +278,14 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     ids = torch.randint(0, 4096, (1, seq_len), generator=torch.Generator().manual_seed(0))
     outputs: dict[str, Any] = {}
     with torch.inference_mode():
-        model = build_real_block(torch.bfloat16)
+        model = text_model(args.model, torch.bfloat16)
         apply_bf16_storage(model)
         install_cpu_kernels(model)
         outputs["bf16-storage"] = model(input_ids=ids, use_cache=False).last_hidden_state
         set_linear_compute_dtype(model, torch.bfloat16)
         outputs["bf16-compute"] = model(input_ids=ids, use_cache=False).last_hidden_state
         del model
-        model = build_real_block(torch.bfloat16)  # same seed: the same bf16 weights
+        model = text_model(args.model, torch.bfloat16)  # same seed: the same bf16 weights
         install_cpu_kernels(model)
         outputs["bf16"] = model(input_ids=ids, use_cache=False).last_hidden_state.float()
     reference = outputs["bf16-storage"].double()[0]
@@ -267,51 +304,6 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             "min_row_cosine": round(cosine.min().item(), 7),
         }
     return report
-
-
-def measure_gemm(dtype: Any, size: int = 4096, repeats: int = 3) -> float:
-    import torch
-    import torch.nn.functional as F
-
-    x = torch.randn(size, size).to(dtype)
-    w = torch.randn(size, size).to(dtype)
-    F.linear(x, w)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        F.linear(x, w)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def build_real_block(dtype: Any) -> Any:
-    """4 Qwen3.5-9B layers (3 DeltaNet + 1 attention), vocab 4096, random weights, in ``dtype``.
-
-    Built on the meta device and allocated once in the target dtype, so a bf16 model never has
-    an fp32 copy in memory.
-    """
-    import torch
-    from transformers import Qwen3_5TextConfig
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
-
-    config = Qwen3_5TextConfig(vocab_size=4096, num_hidden_layers=4)  # the defaults are the 9B's
-    with torch.device("meta"):
-        model = hf_qwen3_5.Qwen3_5TextModel(config)
-    model = model.to(dtype).to_empty(device="cpu").eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("A_log"):
-                parameter.copy_(torch.empty(parameter.shape).uniform_(0.01, 16, generator=generator).log())
-            elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
-                parameter.fill_(1.0)
-            elif name.endswith("norm.weight"):  # zero-centred RMSNorm weights
-                parameter.zero_()
-            else:
-                parameter.normal_(0.0, 0.02, generator=generator)
-    # inv_freq is a non-persistent buffer that to_empty left uninitialised.
-    model.rotary_emb = hf_qwen3_5.Qwen3_5TextRotaryEmbedding(config)
-    return model
 
 
 def measure_layer_upcast(model: Any) -> float:
@@ -346,4 +338,4 @@ def current_rss_bytes() -> int:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """The engine measured side by side with the reference way, in one run, on one model.
 
-Run: ``python benchmarks/engine_bench.py --model tiny|medium|DIR|REPO [--quick|--full] [--json OUT]
-[--markdown OUT]`` (``benchmarks/suite.py`` runs it on tiny and medium). Developer tooling: it is not part of
-the installed package (``clef bench`` there is a quick throughput check of a loaded model).
+Run: ``python benchmarks/engine_bench.py --model tiny|medium-1024|medium|DIR|REPO [--quick|--full]
+[--json OUT] [--markdown OUT]`` (``benchmarks/suite.py`` runs it on tiny and medium-1024). Developer tooling:
+not part of the installed package (``clef bench`` there is a quick throughput check of a loaded model).
 
 Every figure is measured in the same process and run, interleaved with a **baseline implemented here**: the
 reference way of running Clef (the author's code as described in docs/model.md): one request at a
@@ -13,8 +13,10 @@ the baseline's calls), and a plain head forward that loops over questions and op
 
 Sections (``--sections``; all by default):
 
-- ``gemm``: the machine's fp32 GEMM rate (``F.linear`` 1024x4096 @ 4096x4096, best of a few), the yardstick
-  for the backbone's FLOP/s fraction;
+- ``gemm``: the machine's GEMM limits (fp32, bf16, int8) over the model's own Linear shapes at each latency
+  length T (best of the plan's repetitions per shape; `benchmarks.lib.gemm`), the yardstick for the
+  backbone's FLOP/s fraction at that T; without it the machine record measures small shapes only and no
+  fraction is reported;
 - ``latency``: one request at a time at T = 256, 512, 1k, 4k (16k with ``--full``) tokens, 2 questions:
   p50/p95 latency, tokens/s, time split (encode / backbone / head / answer), backbone FLOP/s as a fraction
   of the GEMM rate, peak RSS;
@@ -27,50 +29,54 @@ Sections (``--sections``; all by default):
 - ``padding``: the fraction of padded tokens when the scheduler batches a mixed-length workload, with and
   without its length grouping (no model involved).
 
-The ``medium`` model is an untrained random checkpoint of the release geometry scaled down (hidden 1024,
-8 layers = 6 Gated DeltaNet + 2 attention, real head dims, full vocabulary), built once into the user cache.
+``--model`` takes a benchmark model name (``medium-1024``: the release geometry scaled down to hidden 1,024
+and 8 layers with the real head dims; ``medium``: hidden 512; see `benchmarks.lib.models`), built once into
+the cache, or anything ``Clef.load`` accepts. Engine options are the ``clef`` flags (``--cache-mb``,
+``--weights``, ...), generated from the options table; ``CLEF_*`` variables are not read, so the command
+line recorded in the report is the whole configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import functools
-import inspect
-import json
 import logging
 import math
-import os
-import platform
 import random
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.lib.flags import engine_options, has_engine_option
+from benchmarks.lib.gemm import QUICK_SHAPES, gemm_limit, model_shapes
+from benchmarks.lib.machine import load_average
+from benchmarks.lib.models import GEOMETRIES, resolve_model
+from benchmarks.lib.requests import STATE_WORDS, make_state
+from benchmarks.lib.results import command_line, finish_report, start_report, write_json
+from benchmarks.lib.timing import percentile, spread
+from clef_runtime.options import ENGINE_OPTIONS, EngineOptions, add_option_arguments
+
 __all__ = [
-    "MEDIUM_HEAD_CONFIG",
-    "MEDIUM_TEXT_OVERRIDES",
+    "DEFAULT_CACHE_MB",
     "MODES",
     "SECTIONS",
     "BenchPlan",
     "ReferenceBaseline",
     "add_bench_arguments",
     "backbone_flops",
-    "ensure_medium_checkpoint",
-    "measure_gemm",
-    "medium_checkpoint_path",
     "padding_waste",
     "render_markdown",
     "run_bench",
@@ -82,51 +88,8 @@ logger = logging.getLogger("engine_bench")
 SECTIONS = ("gemm", "latency", "questions", "state_cache", "concurrency", "padding")
 MODES = ("quick", "default", "full")
 
-#: The "medium" random model: the release's text geometry (docs/model.md section 4) scaled down to hidden
-#: 1024 and 8 layers, keeping the 3:1 layer pattern, the attention head dims (q/kv 8/2 x 256, output gate,
-#: partial M-RoPE) and the DeltaNet head dims (8 key / 16 value heads x 128), and the full vocabulary.
-MEDIUM_TEXT_OVERRIDES: dict[str, Any] = {
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_num_key_heads": 8,
-    "linear_num_value_heads": 16,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-}
-#: The medium model's head: the release's depth (2 routing + 4 decoder layers, head dim 64, feedforward 4 x
-#: width) at width 256. Why not 1024: the head's cost per token grows with width^2 while the backbone here is
-#: ~50x cheaper per token than the 9B one. At width 256 the head costs ~0.75% of the backbone's FLOPs per
-#: token (the release: ~0.25%); at width 1024 it would cost ~10% and misrepresent the head's share.
-MEDIUM_HEAD_CONFIG: dict[str, int] = {
-    "hidden_size": 1024,
-    "width": 256,
-    "routing_layers": 2,
-    "layers": 4,
-    "heads": 4,
-    "feedforward": 1024,
-}
-#: Bump when the medium geometry or recipe changes (part of its cache directory name).
-MEDIUM_FORMAT = 1
-_MEDIUM_SHARD_BYTES = 1 << 30
-
-GEMM_SHAPE = (1024, 4096, 4096)  # [M, K] @ [K, N]: F.linear(x [M, K], w [N, K])
-
-# Single-token words of the Qwen3.5 vocabulary (with a leading space): a state of n of them is n tokens,
-# so request lengths can be set exactly.
-_STATE_TEXT = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there been one all we their has would when if so no will can more other out what "
-    "about up some into them could then than only its time over also new these two may first like any after "
-    "most made where many our such people way make even back good well very through just year day work state "
-    "part long world both each case system group number place week point company fact hand home water room "
-    "money month order account billing support data report price service team message request answer problem "
-    "issue customer product payment refund delivery error"
-)
-_STATE_WORDS = _STATE_TEXT.split()
+#: The state-cache budget the engine gets unless ``--cache-mb`` says otherwise (MiB).
+DEFAULT_CACHE_MB = 256.0
 
 
 # ---------------------------------------------------------------------------------------------- plans
@@ -162,17 +125,17 @@ PLANS: dict[str, BenchPlan] = {
         concurrency_reps={100: 1},
     ),
     "default": BenchPlan(
-        gemm_repeats=5,
-        latency_reps={256: 5, 512: 5, 1024: 3, 4096: 2},
+        gemm_repeats=3,
+        latency_reps={256: 5, 512: 5, 1024: 3, 4096: 3},
         question_reps={1: 3, 8: 3, 64: 1},
         question_state_tokens=256,
-        cache_states=2,
+        cache_states=3,
         cache_warm_per_state=3,
-        cache_baseline_reps=2,
-        concurrency_reps={100: 3, 1000: 1},
+        cache_baseline_reps=3,
+        concurrency_reps={100: 3, 1000: 3},
     ),
     "full": BenchPlan(
-        gemm_repeats=7,
+        gemm_repeats=5,
         latency_reps={256: 7, 512: 9, 1024: 5, 4096: 3, 16384: 1},
         question_reps={1: 5, 8: 5, 64: 3},
         question_state_tokens=256,
@@ -184,113 +147,7 @@ PLANS: dict[str, BenchPlan] = {
 }
 
 
-# ------------------------------------------------------------------------------------- medium model
-
-
-def medium_checkpoint_path() -> Path:
-    """Where the medium random checkpoint lives: ``<cache_dir()>/bench-medium-f<tiny format>-m<format>``."""
-    from clef_runtime.encoding.tokenizer import cache_dir
-    from clef_runtime.model.tiny import TINY_FORMAT
-
-    return Path(cache_dir()) / f"bench-medium-f{TINY_FORMAT}-m{MEDIUM_FORMAT}"
-
-
-def ensure_medium_checkpoint() -> Path:
-    """Build the medium random checkpoint once (about 1.5 GB, ~30 s) and return its directory.
-
-    It is written to a private staging directory and renamed into place, so a concurrent or interrupted
-    build never leaves a half-written checkpoint at the final path. Raises OSError on filesystem errors.
-    """
-    from clef_runtime.model.tiny import TINY_FORMAT, make_random_checkpoint
-
-    final = medium_checkpoint_path()
-    if final.is_dir():
-        return final
-    staging = Path(tempfile.mkdtemp(prefix=".bench-medium-", dir=final.parent))
-    try:
-        logger.info("building the medium random checkpoint in %s", final)
-        make_random_checkpoint(
-            staging / "checkpoint",
-            text_overrides=MEDIUM_TEXT_OVERRIDES,
-            head_config=MEDIUM_HEAD_CONFIG,
-            seed=0,
-            marker={
-                "tiny": False,
-                "untrained": True,
-                "seed": 0,
-                "format": TINY_FORMAT,
-                "bench_medium": MEDIUM_FORMAT,
-            },
-            shard_bytes=_MEDIUM_SHARD_BYTES,
-        )
-        try:
-            os.rename(staging / "checkpoint", final)
-        except OSError:
-            if not final.is_dir():  # another process did not win the race: a real error
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-def _resolve_model_spec(spec: str) -> str:
-    return str(ensure_medium_checkpoint()) if spec == "medium" else spec
-
-
 # ------------------------------------------------------------------------------------------ machine
-
-
-def _load_average() -> list[float]:
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _memory_total_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024**2, 1)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def machine_info(device: torch.device) -> dict[str, Any]:
-    """Returns a description of the machine and software the run measures."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gib": _memory_total_gib(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "device": str(device),
-        "malloc_env": {key: value for key, value in os.environ.items() if key.startswith("MALLOC_")},
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return info
 
 
 def _synchronize(device: torch.device) -> None:
@@ -320,40 +177,6 @@ def _peak_rss_mib() -> float:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / 1024 / (1024 if sys.platform == "darwin" else 1), 1)
-
-
-# --------------------------------------------------------------------------------------------- GEMM
-
-
-def measure_gemm(repeats: int, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Measure fp32 ``F.linear`` on [1024, 4096] x [4096, 4096]^T; returns best and median GFLOP/s.
-
-    One untimed warm-up call, then ``repeats`` timed calls. Raises ValueError for ``repeats < 1``.
-    """
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    device = torch.device(device)
-    rows, inner, cols = GEMM_SHAPE
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(rows, inner, generator=generator).to(device)
-    weight = torch.randn(cols, inner, generator=generator).to(device)
-    flops = 2.0 * rows * inner * cols
-    rates = []
-    with torch.inference_mode():
-        F.linear(inputs, weight)
-        _synchronize(device)
-        for _ in range(repeats):
-            started = time.perf_counter()
-            F.linear(inputs, weight)
-            _synchronize(device)
-            rates.append(flops / (time.perf_counter() - started) / 1e9)
-    return {
-        "shape": f"F.linear [{rows}x{inner}] @ [{inner}x{cols}] fp32",
-        "repeats": repeats,
-        "best_gflops": round(max(rates), 1),
-        "median_gflops": round(statistics.median(rates), 1),
-        "all_gflops": [round(rate, 1) for rate in rates],
-    }
 
 
 # ---------------------------------------------------------------------------------------- FLOP model
@@ -404,7 +227,7 @@ def make_questions(rng: random.Random, count: int, tag: str) -> dict[str, Any]:
     for index in range(count):
         kind = ("noul", "choice", "score")[index % 3]
         name = f"{kind[0]}{index}"
-        topic = rng.choice(_STATE_WORDS)
+        topic = rng.choice(STATE_WORDS)
         if kind == "noul":
             questions[name] = {
                 "type": "noul",
@@ -424,11 +247,6 @@ def make_questions(rng: random.Random, count: int, tag: str) -> dict[str, Any]:
                 "criteria": ["low", "medium", "high"],
             }
     return questions
-
-
-def make_state(rng: random.Random, tokens: int) -> str:
-    """A state of ``tokens`` single-token words (exactly ``tokens`` tokens with the Qwen3.5 vocabulary)."""
-    return " ".join(rng.choice(_STATE_WORDS) for _ in range(max(1, tokens)))
 
 
 @dataclass(frozen=True)
@@ -714,15 +532,6 @@ def engine_decide_batch(
 # ------------------------------------------------------------------------------------------- stats
 
 
-def _percentile(values: Sequence[float], fraction: float) -> float:
-    """Linear-interpolated percentile (``fraction`` in [0, 1]) of a non-empty sequence."""
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -730,17 +539,17 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 def summarize(
     runs: Sequence[dict[str, float]], gemm_gflops: float | None, peak_rss_mib: float
 ) -> dict[str, Any]:
-    """Aggregate timed runs of one side: latency percentiles, throughput, medians of the split, FLOP
-    fraction of the GEMM rate (median over runs), peak RSS."""
+    """Aggregate timed runs of one side: latency percentiles and spread, throughput, medians of the split,
+    FLOP fraction of the GEMM limit ``gemm_gflops`` (median over runs and best run), peak RSS."""
     totals = [run["total_s"] for run in runs]
     seconds = sum(totals)
     summary: dict[str, Any] = {
         "runs": len(runs),
         "tokens_per_run": runs[0]["tokens"],
-        "p50_s": _round(_percentile(totals, 0.5)),
-        "p95_s": _round(_percentile(totals, 0.95)),
+        "p50_s": _round(percentile(totals, 0.5)),
+        "p95_s": _round(percentile(totals, 0.95)),
         "min_s": _round(min(totals)),
-        "all_s": [_round(total) for total in totals],
+        "spread_s": spread(totals),
         "tokens_per_s": round(sum(run["tokens"] for run in runs) / seconds, 1),
         "requests_per_s": round(len(runs) * runs[0].get("requests", 1.0) / seconds, 3),
         "peak_rss_mib": peak_rss_mib,
@@ -761,6 +570,7 @@ def summarize(
         if gemm_gflops:
             summary["backbone_gemm_fraction"] = _round(statistics.median(rates) / gemm_gflops)
             # Best run against the best GEMM run: both as little disturbed by other jobs as this run saw.
+            summary["backbone_gemm_fraction_spread"] = spread(rate / gemm_gflops for rate in rates)
             summary["best_backbone_gemm_fraction"] = _round(max(rates) / gemm_gflops)
     non_backbone = [
         (run["total_s"] - run["backbone_s"]) / run["total_s"] for run in runs if run["total_s"] > 0
@@ -788,11 +598,22 @@ class _Context:
     clef: Any
     baseline: ReferenceBaseline
     plan: BenchPlan
-    gemm_gflops: float | None
+    gemm_limits: dict[int, float] | None
+    """The GEMM limit (GFLOP/s, the backbone's dtype) over the model's Linear shapes at each latency T."""
     device: torch.device
     seed: int
     progress: Callable[[str], None]
     parity: list[float] = field(default_factory=list)
+
+    def limit_at(self, tokens: int | None = None) -> float | None:
+        """The limit at ``tokens`` rows where it was measured, else the best over every T measured."""
+        if not self.gemm_limits:
+            return None
+        return (
+            self.gemm_limits.get(tokens, max(self.gemm_limits.values()))
+            if tokens
+            else max(self.gemm_limits.values())
+        )
 
 
 def _response_numbers(response: dict[str, Any]) -> list[float]:
@@ -816,14 +637,19 @@ def _record_parity(context: _Context, engine: dict[str, Any], baseline: dict[str
 
 
 def _side_by_side(
-    context: _Context, workloads: Sequence[Sequence[Workload]], *, baseline_runs: int | None = None
+    context: _Context,
+    workloads: Sequence[Sequence[Workload]],
+    *,
+    baseline_runs: int | None = None,
+    tokens: int | None = None,
 ) -> dict[str, Any]:
     """Run each workload group once on the engine (one batched call) and on the baseline (one request at
-    a time), alternating which side goes first; returns both summaries, the speedup and the load average."""
+    a time), alternating which side goes first; returns both summaries, the speedup and the load average.
+    ``tokens``: the request length, whose GEMM limit the FLOP fractions use (default: the best over all)."""
     engine_runs: list[dict[str, float]] = []
     baseline_runs_done: list[dict[str, float]] = []
     engine_peak = baseline_peak = 0.0
-    load_before = _load_average()
+    load_before = load_average()
     limit = len(workloads) if baseline_runs is None else baseline_runs
     for index, group in enumerate(workloads):
 
@@ -860,17 +686,21 @@ def _side_by_side(
             baseline_responses, engine_responses = run_baseline(), run_engine()
         for engine_response, baseline_response in zip(engine_responses, baseline_responses, strict=True):
             _record_parity(context, engine_response, baseline_response)
-    engine = summarize(engine_runs, context.gemm_gflops, engine_peak)
-    baseline = summarize(baseline_runs_done, context.gemm_gflops, baseline_peak)
+    gemm = context.limit_at(tokens)
+    engine = summarize(engine_runs, gemm, engine_peak)
+    baseline = summarize(baseline_runs_done, gemm, baseline_peak)
+    paired = zip(baseline["spread_s"]["samples"], engine["spread_s"]["samples"][:limit], strict=False)
     return {
         "engine": engine,
         "baseline": baseline,
         "speedup_p50": _speedup(engine, baseline),
+        # Baseline / engine for each repetition (both sides ran the same workload in it).
+        "speedup_spread": spread(ref / own for ref, own in paired if own > 0) if limit else None,
         "speedup_min": round(baseline["min_s"] / engine["min_s"], 2) if engine["min_s"] else None,
         "speedup_cpu_p50": (
             round(baseline["cpu_p50_s"] / engine["cpu_p50_s"], 2) if engine.get("cpu_p50_s") else None
         ),
-        "load_average": {"before": load_before, "after": _load_average()},
+        "load_average": {"before": load_before, "after": load_average()},
     }
 
 
@@ -881,7 +711,7 @@ def section_latency(context: _Context) -> dict[str, Any]:
         context.progress(f"latency: {reps} x {tokens}-token requests")
         rng = random.Random(f"{context.seed}-latency-{tokens}")
         groups = [[request_of_length(rng, tokens, 2, f"l{tokens}r{rep}")] for rep in range(reps)]
-        results[str(tokens)] = _side_by_side(context, groups)
+        results[str(tokens)] = _side_by_side(context, groups, tokens=tokens)
     return results
 
 
@@ -928,14 +758,9 @@ def section_concurrency(context: _Context) -> dict[str, Any]:
         )
         # Fastest repetition of each side (same number of requests per repetition).
         result["throughput_ratio_best"] = _round(result["baseline"]["min_s"] / result["engine"]["min_s"], 3)
+        result["throughput_ratio_spread"] = result["speedup_spread"]
         results[str(tokens)] = result
     return results
-
-
-def _cache_supported() -> bool:
-    from clef_runtime.engine.clef import Clef
-
-    return "cache_mb" in inspect.signature(Clef.load).parameters
 
 
 def _with_peak(peaks: dict[str, float], side: str, call: Callable[[], Any]) -> Any:
@@ -953,7 +778,7 @@ def section_state_cache(context: _Context, cache_enabled: bool) -> dict[str, Any
     runs: dict[str, list[dict[str, float]]] = {"cold": [], "warm": [], "baseline": []}
     peaks: dict[str, float] = {}
     stats_before = _cache_stats(context.clef)
-    load_before = _load_average()
+    load_before = load_average()
     schema_tokens: list[int] = []
     for state_index in range(plan.cache_states):
         context.progress(f"state cache: state {state_index + 1}/{plan.cache_states}")
@@ -983,7 +808,7 @@ def section_state_cache(context: _Context, cache_enabled: bool) -> dict[str, Any
                 runs["baseline"].append(timing)
                 _record_parity(context, responses[0], baseline_response)
     summaries = {
-        side: summarize(side_runs, context.gemm_gflops, peaks[side]) for side, side_runs in runs.items()
+        side: summarize(side_runs, context.limit_at(), peaks[side]) for side, side_runs in runs.items()
     }
     warm_p50, warm_min = summaries["warm"]["p50_s"], summaries["warm"]["min_s"]
     return {
@@ -994,10 +819,18 @@ def section_state_cache(context: _Context, cache_enabled: bool) -> dict[str, Any
         "warm_backbone_tokens_p50": statistics.median(run["backbone_tokens"] for run in runs["warm"]),
         "cold_over_warm": round(summaries["cold"]["p50_s"] / warm_p50, 2),
         "cold_over_warm_min": round(summaries["cold"]["min_s"] / warm_min, 2),
+        # Every (cold, warm) pair of the same state: the spread of the speed-up itself.
+        "cold_over_warm_spread": spread(
+            cold["total_s"] / warm["total_s"]
+            for index, cold in enumerate(runs["cold"])
+            for warm in runs["warm"][
+                index * plan.cache_warm_per_state : (index + 1) * plan.cache_warm_per_state
+            ]
+        ),
         "baseline_over_warm": round(summaries["baseline"]["p50_s"] / warm_p50, 2),
         "cache_stats_before": stats_before,
         "cache_stats_after": _cache_stats(context.clef),
-        "load_average": {"before": load_before, "after": _load_average()},
+        "load_average": {"before": load_before, "after": load_average()},
     }
 
 
@@ -1130,7 +963,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append(
             _target(
                 "backbone_gemm_fraction",
-                "backbone prefill at T >= 1,024 reaches >= 75% of the measured fp32 GEMM FLOP/s",
+                "backbone prefill at T >= 1,024 reaches >= 75% of the GEMM limit over the model's shapes",
                 min((value for value in best.values() if value is not None), default=None),
                 0.75,
                 higher_is_better=True,
@@ -1219,26 +1052,31 @@ def _markdown_header(report: dict[str, Any]) -> list[str]:
     model = report["model"]
     machine = report["machine"]
     gemm = report.get("gemm") or {}
+    flags = ", ".join(flag for flag, present in machine["cpu_flags"].items() if present) or "none of note"
+    torch_build = machine["torch"]
     lines = [
         f"### `engine_bench.py`: model `{model['spec']}` ({report['mode']} mode)",
         "",
         f"Command: `{report['command']}`",
         "",
-        f"Machine: {machine['cpu']}, {machine['cpu_count']} cores ({machine['cpu_capability']}), "
-        f"{machine['memory_gib']} GiB, torch {machine['torch']} with {machine['torch_threads']} threads, "
-        f"device {machine['device']}. Load average at start {report['load_average']['start']}, at end "
-        f"{report['load_average']['end']} (other jobs may share the machine). The run took "
-        f"{report['wall_s']:.0f} s, started {report['started_at']}.",
+        f"Machine: {machine['cpu']} ({flags}), {machine['cpu_count']} cores, {machine['memory_gib']} GiB, "
+        f"torch {torch_build['version']} ({torch_build['cpu_capability']}) with {torch_build['threads']} "
+        f"threads, device {machine['device']}{' (' + machine['gpu'] + ')' if machine.get('gpu') else ''}. "
+        f"Load average at start {machine['load_average']}, at end {report['load_average_end']} (other jobs "
+        f"may share the machine). The run took {report['wall_s']:.0f} s, started {report['started_at']}.",
         "",
         f"Model: {model['description']}. Backbone {model['backbone_parameters'] / 1e6:,.1f} M parameters "
         f"({model['backbone_linear_parameters'] / 1e6:,.1f} M in decoder-layer linears), head "
         f"{model['head_parameters'] / 1e6:,.1f} M ({model['head_config']}).",
     ]
     if gemm:
+        per_tokens = ", ".join(f"T={tokens}: {value}" for tokens, value in gemm["limit_by_tokens"].items())
         lines += [
             "",
-            f"GEMM peak measured in this run: **{gemm['best_gflops']} GFLOP/s** fp32 (best of "
-            f"{gemm['repeats']}, median {gemm['median_gflops']}; {gemm['shape']}).",
+            f"GEMM limit measured in this run: **{gemm['limit_gflops']} GFLOP/s** {gemm['dtype']}, the best "
+            f"over the model's {gemm['linear_shapes']} Linear shapes at each request length (best of "
+            f"{gemm['repeats']} per shape; per length {per_tokens}). Each backbone fraction is taken "
+            "against the limit at its own length.",
         ]
     if report.get("baseline_description"):
         lines += ["", f"Baseline (figures in parentheses): {report['baseline_description']}"]
@@ -1252,7 +1090,7 @@ def _markdown_header(report: dict[str, Any]) -> list[str]:
         lines += [
             "",
             "Targets are judged on best-of-N figures (the fastest repetition of each side, like the GEMM "
-            "peak), the repetition least disturbed by other jobs; median-based figures are in the notes.",
+            "limit), the repetition least disturbed by other jobs; median-based figures are in the notes.",
             "",
             "| target | measured | threshold | status | note |",
             "|---|---|---|---|---|",
@@ -1270,161 +1108,180 @@ def _markdown_header(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _table(
+    caption: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: bool
+) -> list[str]:
+    """A caption and a markdown table; every column but the first right-aligned (the first too when
+    ``numeric``)."""
+    alignment = ["---:" if numeric or index else "---" for index in range(len(columns))]
+    return [
+        "",
+        caption,
+        "",
+        _table_row(*columns),
+        _table_row(*alignment),
+        *(_table_row(*row) for row in rows),
+    ]
+
+
+def _range(figures: dict[str, Any] | None) -> str:
+    return "-" if not figures else f"{_fmt(figures['min'])}-{_fmt(figures['max'])}"
+
+
 def _markdown_latency(latency: dict[str, Any]) -> list[str]:
-    lines = [
-        "",
+    def rates(side: dict[str, Any]) -> str:
+        return f"{_pct(side.get('backbone_gemm_fraction'))} / {_pct(side.get('best_backbone_gemm_fraction'))}"
+
+    rows = [
+        (
+            tokens,
+            value["engine"]["runs"],
+            _both(_ms(value["engine"]["p50_s"]), _ms(value["baseline"]["p50_s"])),
+            _both(_ms(value["engine"]["p95_s"]), _ms(value["baseline"]["p95_s"])),
+            f"{_fmt(value['speedup_p50'])}x / {_fmt(value.get('speedup_min'))}x / "
+            f"{_fmt(value.get('speedup_cpu_p50'))}x ({_range(value.get('speedup_spread'))})",
+            _both(_fmt(value["engine"]["tokens_per_s"]), _fmt(value["baseline"]["tokens_per_s"])),
+            _both(rates(value["engine"]), rates(value["baseline"])),
+            _both(_fmt(value["engine"]["peak_rss_mib"]), _fmt(value["baseline"]["peak_rss_mib"])),
+        )
+        for tokens, value in latency.items()
+    ]
+    lines = _table(
         "One request at a time (2 questions), engine (baseline):",
-        "",
-        "| T | runs | p50 ms | p95 ms | speedup: p50 / fastest / CPU time | tokens/s | "
-        "backbone % of GEMM peak: median / best run | peak RSS MiB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for tokens, value in latency.items():
-        engine, baseline = value["engine"], value["baseline"]
-        lines.append(
-            _table_row(
-                tokens,
-                engine["runs"],
-                _both(_ms(engine["p50_s"]), _ms(baseline["p50_s"])),
-                _both(_ms(engine["p95_s"]), _ms(baseline["p95_s"])),
-                f"{_fmt(value['speedup_p50'])}x / {_fmt(value.get('speedup_min'))}x / "
-                f"{_fmt(value.get('speedup_cpu_p50'))}x",
-                _both(_fmt(engine["tokens_per_s"]), _fmt(baseline["tokens_per_s"])),
-                _both(
-                    f"{_pct(engine.get('backbone_gemm_fraction'))} / "
-                    f"{_pct(engine.get('best_backbone_gemm_fraction'))}",
-                    f"{_pct(baseline.get('backbone_gemm_fraction'))} / "
-                    f"{_pct(baseline.get('best_backbone_gemm_fraction'))}",
-                ),
-                _both(_fmt(engine["peak_rss_mib"]), _fmt(baseline["peak_rss_mib"])),
-            )
+        (
+            "T",
+            "runs",
+            "p50 ms",
+            "p95 ms",
+            "speedup: p50 / fastest / CPU time (per repetition: min-max)",
+            "tokens/s",
+            "backbone % of GEMM limit: median / best run",
+            "peak RSS MiB",
+        ),
+        rows,
+        numeric=True,
+    )
+    split = [
+        (
+            tokens,
+            *(
+                _both(_ms(value["engine"].get(key)), _ms(value["baseline"].get(key)))
+                for key in ("encode_p50_s", "backbone_p50_s", "head_p50_s", "answer_p50_s")
+            ),
+            _ms(value["engine"].get("other_p50_s")),
+            _both(
+                _pct(value["engine"]["non_backbone_fraction"]),
+                _pct(value["baseline"]["non_backbone_fraction"]),
+            ),
         )
-    lines += [
-        "",
+        for tokens, value in latency.items()
+    ]
+    return lines + _table(
         "Where the time of one request goes (p50 ms), engine (baseline):",
-        "",
-        "| T | encode | backbone | head (incl. lexical rows) | answer | other | not backbone |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for tokens, value in latency.items():
-        engine, baseline = value["engine"], value["baseline"]
-        cells = [
-            _both(_ms(engine.get(key)), _ms(baseline.get(key)))
-            for key in ("encode_p50_s", "backbone_p50_s", "head_p50_s", "answer_p50_s")
-        ]
-        lines.append(
-            _table_row(
-                tokens,
-                *cells,
-                _ms(engine.get("other_p50_s")),
-                _both(_pct(engine["non_backbone_fraction"]), _pct(baseline["non_backbone_fraction"])),
-            )
-        )
-    return lines
+        ("T", "encode", "backbone", "head (incl. lexical rows)", "answer", "other", "not backbone"),
+        split,
+        numeric=True,
+    )
 
 
 def _markdown_questions(questions: dict[str, Any], state_tokens: int) -> list[str]:
-    lines = [
-        "",
-        f"Cost vs number of questions ({state_tokens}-token state), engine (baseline):",
-        "",
-        "| questions | tokens | p50 ms | speedup | head p50 ms |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for count, value in questions.items():
-        engine, baseline = value["engine"], value["baseline"]
-        lines.append(
-            _table_row(
-                count,
-                _fmt(engine["tokens_per_run"]),
-                _both(_ms(engine["p50_s"]), _ms(baseline["p50_s"])),
-                f"{_fmt(value['speedup_p50'])}x",
-                _both(_ms(engine.get("head_p50_s")), _ms(baseline.get("head_p50_s"))),
-            )
+    rows = [
+        (
+            count,
+            _fmt(value["engine"]["tokens_per_run"]),
+            _both(_ms(value["engine"]["p50_s"]), _ms(value["baseline"]["p50_s"])),
+            f"{_fmt(value['speedup_p50'])}x",
+            _both(_ms(value["engine"].get("head_p50_s")), _ms(value["baseline"].get("head_p50_s"))),
         )
-    return lines
+        for count, value in questions.items()
+    ]
+    return _table(
+        f"Cost vs number of questions ({state_tokens}-token state), engine (baseline):",
+        ("questions", "tokens", "p50 ms", "speedup", "head p50 ms"),
+        rows,
+        numeric=True,
+    )
 
 
 def _markdown_state_cache(cache: dict[str, Any]) -> list[str]:
     availability = "enabled" if cache["available"] else "NOT AVAILABLE in this engine"
     cold, warm, baseline = cache["cold"], cache["warm"], cache["baseline"]
+    rows = [
+        (
+            label,
+            side["runs"],
+            _ms(side["p50_s"]),
+            _ms(side["min_s"]),
+            _ms(side["spread_s"]["max"]),
+            _fmt(computed),
+        )
+        for label, side, computed in (
+            ("engine, cold (state seen for the first time)", cold, cold["tokens_per_run"]),
+            ("engine, warm (same state, new schema)", warm, cache["warm_backbone_tokens_p50"]),
+            ("baseline (no cache)", baseline, baseline["tokens_per_run"]),
+        )
+    ]
     return [
-        "",
-        f"Same {cache['state_tokens']}-token state, then new schemas (~{_fmt(cache['schema_tokens_p50'])} "
-        f"tokens after the state); state cache {availability}:",
-        "",
-        "| request | runs | p50 ms | fastest ms | backbone tokens computed (p50) |",
-        "|---|---:|---:|---:|---:|",
-        _table_row(
-            "engine, cold (state seen for the first time)",
-            cold["runs"],
-            _ms(cold["p50_s"]),
-            _ms(cold["min_s"]),
-            _fmt(cold["tokens_per_run"]),
-        ),
-        _table_row(
-            "engine, warm (same state, new schema)",
-            warm["runs"],
-            _ms(warm["p50_s"]),
-            _ms(warm["min_s"]),
-            _fmt(cache["warm_backbone_tokens_p50"]),
-        ),
-        _table_row(
-            "baseline (no cache)",
-            baseline["runs"],
-            _ms(baseline["p50_s"]),
-            _ms(baseline["min_s"]),
-            _fmt(baseline["tokens_per_run"]),
+        *_table(
+            f"Same {cache['state_tokens']}-token state, then new schemas "
+            f"(~{_fmt(cache['schema_tokens_p50'])} tokens after the state); state cache {availability}:",
+            ("request", "runs", "p50 ms", "fastest ms", "slowest ms", "backbone tokens computed (p50)"),
+            rows,
+            numeric=False,
         ),
         "",
-        f"cold / warm: **{cache.get('cold_over_warm_min')}x** fastest, {cache['cold_over_warm']}x p50; "
-        f"baseline / warm {cache['baseline_over_warm']}x p50.",
+        f"cold / warm: **{cache.get('cold_over_warm_min')}x** fastest, {cache['cold_over_warm']}x p50 (each "
+        f"cold / warm pair: {_range(cache.get('cold_over_warm_spread'))}); baseline / warm "
+        f"{cache['baseline_over_warm']}x p50.",
     ]
 
 
 def _markdown_concurrency(concurrency: dict[str, Any]) -> list[str]:
-    lines = [
-        "",
+    rows = [
+        (
+            f"{value['requests']} x {tokens}",
+            _fmt(value["engine"]["tokens_per_run"] / value["requests"]),
+            value["engine"]["runs"],
+            _both(_fmt(value["engine"]["requests_per_s"]), _fmt(value["baseline"]["requests_per_s"])),
+            _both(_fmt(value["engine"]["tokens_per_s"]), _fmt(value["baseline"]["tokens_per_s"])),
+            f"**{_fmt(value.get('throughput_ratio_best'))}x** / {_fmt(value['throughput_ratio'])}x "
+            f"({_range(value.get('throughput_ratio_spread'))})",
+            _both(
+                _ms(value["engine"]["request_latency_p50_s"]), _ms(value["baseline"]["request_latency_p50_s"])
+            ),
+            _both(_fmt(value["engine"]["peak_rss_mib"]), _fmt(value["baseline"]["peak_rss_mib"])),
+        )
+        for tokens, value in concurrency.items()
+    ]
+    return _table(
         "Concurrent requests arriving together: engine = one batched `decide_encoded` call, baseline = one "
         "request after another; engine (baseline):",
-        "",
-        "| requests x state tokens | tokens per request | runs | requests/s | tokens/s | "
-        "throughput ratio: fastest / all | p50 completion ms | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for tokens, value in concurrency.items():
-        engine, baseline = value["engine"], value["baseline"]
-        lines.append(
-            _table_row(
-                f"{value['requests']} x {tokens}",
-                _fmt(engine["tokens_per_run"] / value["requests"]),
-                engine["runs"],
-                _both(_fmt(engine["requests_per_s"]), _fmt(baseline["requests_per_s"])),
-                _both(_fmt(engine["tokens_per_s"]), _fmt(baseline["tokens_per_s"])),
-                f"**{_fmt(value.get('throughput_ratio_best'))}x** / {_fmt(value['throughput_ratio'])}x",
-                _both(_ms(engine["request_latency_p50_s"]), _ms(baseline["request_latency_p50_s"])),
-                _both(_fmt(engine["peak_rss_mib"]), _fmt(baseline["peak_rss_mib"])),
-            )
-        )
-    return lines
+        (
+            "requests x state tokens",
+            "tokens per request",
+            "runs",
+            "requests/s",
+            "tokens/s",
+            "throughput ratio: fastest / all (per repetition: min-max)",
+            "p50 completion ms",
+            "peak RSS MiB",
+        ),
+        rows,
+        numeric=False,
+    )
 
 
 def _markdown_padding(padding: dict[str, Any]) -> list[str]:
-    lines = [
-        "",
-        f"Padding waste when the scheduler batches {padding['requests']} requests ({padding['lengths']}):",
-        "",
-        "| policy | batches | mean batch size | padded tokens wasted |",
-        "|---|---:|---:|---:|",
+    rows = [
+        (value["policy"], value["batches"], value["mean_batch_size"], _pct(value["padding_fraction"]))
+        for value in (padding[key] for key in ("arrival_order", "token_budget_only", "length_grouping"))
     ]
-    for key in ("arrival_order", "token_budget_only", "length_grouping"):
-        value = padding[key]
-        lines.append(
-            _table_row(
-                value["policy"], value["batches"], value["mean_batch_size"], _pct(value["padding_fraction"])
-            )
-        )
-    return lines
+    return _table(
+        f"Padding waste when the scheduler batches {padding['requests']} requests ({padding['lengths']}):",
+        ("policy", "batches", "mean batch size", "padded tokens wasted"),
+        rows,
+        numeric=False,
+    )
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -1451,12 +1308,13 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this script's options to ``parser``."""
+    """Add this script's options to ``parser``: the workload, and every engine option of the ``clef`` CLI
+    (from `ENGINE_OPTIONS`)."""
     parser.add_argument(
         "--model",
         default="tiny",
-        help="'tiny', 'medium' (a random model of the release geometry scaled down, built once into the "
-        "cache), a release directory or a Hugging Face repo id",
+        help="'tiny', a benchmark model (medium-1024: the release geometry scaled down to hidden 1,024; "
+        "medium: hidden 512; built once into the cache), a release directory or a Hugging Face repo id",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a smoke run (seconds on tiny when idle)")
@@ -1472,15 +1330,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(SECTIONS),
         help="which sections to run (default: all)",
     )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument(
-        "--cache-mb",
-        type=int,
-        default=256,
-        metavar="N",
-        help="state cache size given to Clef.load when the engine has one (default 256)",
-    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    engine = parser.add_argument_group(
+        "engine options", f"as for clef decide; --cache-mb defaults to {DEFAULT_CACHE_MB:g} here"
+    )
+    add_option_arguments(engine, ENGINE_OPTIONS)
 
 
 def _mode(args: argparse.Namespace) -> str:
@@ -1491,20 +1345,28 @@ def _mode(args: argparse.Namespace) -> str:
     return "default"
 
 
-def _command_line(args: argparse.Namespace) -> str:
-    parts = ["python benchmarks/engine_bench.py", f"--model {args.model}"]
-    mode = _mode(args)
-    if mode != "default":
-        parts.append(f"--{mode}")
-    if list(args.sections) != list(SECTIONS):
-        parts.append("--sections " + " ".join(args.sections))
-    if args.device != "auto":
-        parts.append(f"--device {args.device}")
-    if args.json:
-        parts.append(f"--json {args.json}")
-    if args.markdown:
-        parts.append(f"--markdown {args.markdown}")
-    return " ".join(parts)
+def _state_cache_on(options: EngineOptions) -> bool:
+    """Whether the engine has a state cache with this configuration: the option exists in the table (the
+    engine's own definition of what it supports) and is not switched off."""
+    return has_engine_option("cache_mb") and options.cache_mb != 0
+
+
+def _judged_limits(
+    gemm: dict[str, Any], model: nn.Module, tokens: Sequence[int], dtype: str
+) -> dict[int, float]:
+    return {count: gemm_limit(gemm, dtype, model_shapes(model, [count])) for count in tokens}
+
+
+def _describe_model(model: str, clef: Any) -> str:
+    if model == "tiny":
+        return "built-in tiny model (untrained)"
+    if model in GEOMETRIES:
+        size = GEOMETRIES[model]
+        return (
+            f"{model} random model (untrained; hidden {size.hidden_size}, {size.layers} layers in the "
+            "release's 3:1 pattern, full vocabulary)"
+        )
+    return str(getattr(clef, "description", model))
 
 
 def run_suite(
@@ -1512,15 +1374,15 @@ def run_suite(
     *,
     mode: str = "default",
     sections: Sequence[str] = SECTIONS,
-    device: str = "auto",
-    cache_mb: int = 256,
+    options: EngineOptions | None = None,
     seed: int = 0,
     command: str = "",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark suite on one model and return the report (the JSON this script writes).
 
-    ``model``: "tiny", "medium" or anything `Clef.load` accepts. Raises ValueError for an unknown mode or
+    ``model``: "tiny", a benchmark model name or anything `Clef.load` accepts; ``options``: the engine's
+    (default: the defaults with a `DEFAULT_CACHE_MB` state cache). Raises ValueError for an unknown mode or
     section; loading errors of `Clef.load` propagate.
     """
     from clef_runtime.engine.clef import Clef
@@ -1532,20 +1394,15 @@ def run_suite(
         raise ValueError(f"unknown sections {unknown}; use some of {list(SECTIONS)}")
     say = progress or (lambda message: None)
     plan = PLANS[mode]
-    started = time.perf_counter()
-    started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_start = _load_average()
+    options = options or engine_options(cache_mb=DEFAULT_CACHE_MB)
     skipped: list[str] = []
 
-    path = _resolve_model_spec(model)
-    cache_enabled = _cache_supported()
-    load_options: dict[str, Any] = {"device": device}
-    if cache_enabled:
-        load_options["cache_mb"] = cache_mb
+    path = resolve_model(model)
+    cache_enabled = _state_cache_on(options)
     say(f"loading {model} ...")
     _reset_peak_rss()
     load_started = time.perf_counter()
-    clef = Clef.load(path, **load_options)
+    clef = Clef.load(path, options)
     load_s = time.perf_counter() - load_started
     load_rss = _peak_rss_mib()
     backbone = clef.backbone
@@ -1553,17 +1410,32 @@ def run_suite(
     device_used = backbone.device
     baseline = ReferenceBaseline(clef)
 
-    gemm: dict[str, Any] | None = None
+    gemm_dtype = "fp32" if backbone.dtype == torch.float32 else "bf16"
+    tokens = list(plan.latency_reps)
     if "gemm" in sections:
-        say("gemm: measuring the fp32 GEMM rate")
-        gemm = measure_gemm(plan.gemm_repeats, device_used)
+        say(f"gemm: the GEMM limits over the model's Linear shapes at T = {tokens}")
+        shapes = model_shapes(text.layers, tokens)
     else:
-        skipped.append("GEMM rate (section not selected): no FLOP/s fractions")
+        shapes = list(QUICK_SHAPES)
+        skipped.append("GEMM limits at the model's shapes (section not selected): no FLOP/s fractions")
+    report = start_report(
+        "clef-bench",
+        __file__,
+        command=command or command_line(__file__, ["--model", model]),
+        device=device_used,
+        gemm_shapes=shapes,
+        gemm_repeats=plan.gemm_repeats,
+    )
+    limits = (
+        _judged_limits(report["machine"]["gemm"], text.layers, tokens, gemm_dtype)
+        if "gemm" in sections
+        else None
+    )
     context = _Context(
         clef=clef,
         baseline=baseline,
         plan=plan,
-        gemm_gflops=gemm["best_gflops"] if gemm else None,
+        gemm_limits=limits,
         device=device_used,
         seed=seed,
         progress=say,
@@ -1591,79 +1463,77 @@ def run_suite(
             results[name] = runner()
             section_seconds[name] = round(time.perf_counter() - section_started, 1)
     if "state_cache" in sections and not cache_enabled:
-        skipped.append(
-            "state-cache speed-up (Clef.load has no cache_mb option: the engine has no state cache)"
-        )
+        skipped.append("state-cache speed-up (the state cache is off: --cache-mb 0)")
     if mode != "full":
         skipped.append("16k-token requests (run with --full)")
 
     head_parameters = sum(parameter.numel() for parameter in clef.head.parameters())
     config = text.config
-    report: dict[str, Any] = {
-        "benchmark": "clef-bench",
-        "format": 1,
-        "command": command or f"python benchmarks/engine_bench.py --model {model}",
-        "mode": mode,
-        "started_at": started_at,
-        "model": {
-            "spec": model,
-            "path": str(path),
-            "description": (
-                "built-in tiny model (untrained)"
-                if model == "tiny"
-                else "medium random model (untrained; release geometry scaled down)"
-                if model == "medium"
-                else str(getattr(clef, "description", model))
+    report.update(
+        {
+            "mode": mode,
+            "engine_options": options.as_dict(),
+            "model": {
+                "spec": model,
+                "path": str(path),
+                "description": _describe_model(model, clef),
+                "hidden_size": config.hidden_size,
+                "layers": config.num_hidden_layers,
+                "layer_types": list(config.layer_types),
+                "intermediate_size": config.intermediate_size,
+                "attention_heads": [config.num_attention_heads, config.num_key_value_heads, config.head_dim],
+                "deltanet_heads": [
+                    config.linear_num_key_heads,
+                    config.linear_num_value_heads,
+                    config.linear_key_head_dim,
+                ],
+                "vocab_size": config.vocab_size,
+                "backbone_parameters": backbone.num_parameters,
+                "backbone_linear_parameters": sum(
+                    module.weight.numel()
+                    for layer in text.layers
+                    for module in layer.modules()
+                    if isinstance(module, nn.Linear)
+                ),
+                "backbone_dtype": str(backbone.dtype),
+                "head_config": clef.head.config,
+                "head_parameters": head_parameters,
+                "load_s": round(load_s, 2),
+                "rss_after_load_mib": load_rss,
+                "state_cache": {"available": cache_enabled, "cache_mb": options.cache_mb},
+            },
+            "plan": {
+                "latency_tokens": list(plan.latency_reps),
+                "question_counts": list(plan.question_reps),
+                "question_state_tokens": plan.question_state_tokens,
+                "concurrency": plan.concurrency,
+                "concurrency_tokens": list(plan.concurrency_reps),
+            },
+            "baseline_description": (
+                "the reference way, implemented in the benchmark on the same weights: one request at a "
+                "time, pieces tokenized with the HF tokenizer and no cache, one full stock transformers "
+                "forward, a head forward looping over questions and options (torch TransformerDecoderLayer "
+                "/ MultiheadAttention modules), no state cache."
             ),
-            "hidden_size": config.hidden_size,
-            "layers": config.num_hidden_layers,
-            "layer_types": list(config.layer_types),
-            "intermediate_size": config.intermediate_size,
-            "attention_heads": [config.num_attention_heads, config.num_key_value_heads, config.head_dim],
-            "deltanet_heads": [
-                config.linear_num_key_heads,
-                config.linear_num_value_heads,
-                config.linear_key_head_dim,
-            ],
-            "vocab_size": config.vocab_size,
-            "backbone_parameters": backbone.num_parameters,
-            "backbone_linear_parameters": sum(
-                module.weight.numel()
-                for layer in text.layers
-                for module in layer.modules()
-                if isinstance(module, nn.Linear)
+            "gemm": (
+                {
+                    "dtype": gemm_dtype,
+                    "repeats": plan.gemm_repeats,
+                    "linear_shapes": len(shapes) // len(tokens),
+                    "limit_gflops": max(limits.values()),
+                    "limit_by_tokens": {str(count): value for count, value in limits.items()},
+                }
+                if limits
+                else None
             ),
-            "backbone_dtype": str(backbone.dtype),
-            "head_config": clef.head.config,
-            "head_parameters": head_parameters,
-            "load_s": round(load_s, 2),
-            "rss_after_load_mib": load_rss,
-            "state_cache": {"available": cache_enabled, "cache_mb": cache_mb if cache_enabled else None},
-        },
-        "machine": machine_info(device_used),
-        "load_average": {"start": load_start, "end": _load_average()},
-        "plan": {
-            "latency_tokens": list(plan.latency_reps),
-            "question_counts": list(plan.question_reps),
-            "question_state_tokens": plan.question_state_tokens,
-            "concurrency": plan.concurrency,
-            "concurrency_tokens": list(plan.concurrency_reps),
-        },
-        "baseline_description": (
-            "the reference way, implemented in the benchmark on the same weights: one request at a time, "
-            "pieces tokenized with the HF tokenizer and no cache, one full stock transformers forward, a "
-            "head forward looping over questions and options (torch TransformerDecoderLayer / "
-            "MultiheadAttention modules), no state cache."
-        ),
-        "gemm": gemm,
-        "sections": results,
-        "targets": evaluate_targets(results),
-        "parity_max_abs_diff": max(context.parity) if context.parity else None,
-        "section_seconds": section_seconds,
-        "skipped": skipped,
-    }
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    return report
+            "sections": results,
+            "targets": evaluate_targets(results),
+            "parity_max_abs_diff": max(context.parity) if context.parity else None,
+            "section_seconds": section_seconds,
+            "skipped": skipped,
+        }
+    )
+    return finish_report(report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1673,31 +1543,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_cpu_threads()  # before torch's first parallel operation (see model/kernels.py)
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add_bench_arguments(parser)
-    return run_bench(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_bench(args, command_line(__file__, argv))
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, command: str = "") -> int:
     """Run the suite, print or write the markdown, write the JSON.
 
     Returns the exit status: 0 when the run completed (targets not met do not fail it), 2 when the model
-    cannot be loaded or an output file cannot be written.
+    cannot be loaded, an option is invalid or an output file cannot be written.
     """
     from clef_runtime.model.checkpoint import CheckpointError
-
-    mode = _mode(args)
 
     def progress(message: str) -> None:
         print(f"[engine_bench] {message}", file=sys.stderr, flush=True)
 
     try:
+        values = EngineOptions.from_sources(args, {}).as_dict()
+        if args.cache_mb is None:
+            values["cache_mb"] = DEFAULT_CACHE_MB
         report = run_suite(
             args.model,
-            mode=mode,
+            mode=_mode(args),
             sections=args.sections,
-            device=args.device,
-            cache_mb=args.cache_mb,
+            options=engine_options(**values),
             seed=args.seed,
-            command=_command_line(args),
+            command=command,
             progress=progress,
         )
     except (CheckpointError, OSError, ValueError) as error:
@@ -1706,7 +1577,7 @@ def run_bench(args: argparse.Namespace) -> int:
     markdown = render_markdown(report)
     try:
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            write_json(args.json, report)
         if args.markdown:
             Path(args.markdown).write_text(markdown, encoding="utf-8")
     except OSError as error:

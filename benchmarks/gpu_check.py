@@ -1,19 +1,21 @@
 """One prepared check for a machine with one NVIDIA GPU (under 8 minutes): is the CUDA path right and fast?
 
-For the tiny and the medium benchmark model (``--quick``: tiny only, fewer requests):
+For the tiny and the hidden-1,024 benchmark model (``medium-1024``; ``--quick``: tiny only, fewer requests):
 
 - parity: ``--requests`` generated requests on the device (bf16 backbone, fp32 head: the CUDA defaults)
   against CPU fp32: max and mean |dp| over every option probability, top-1 agreement;
 - the startup warm-up's time (every batch shape the server can form: Triton autotuning happens there)
   and the first request after it;
 - throughput at ~512-token requests: concurrency 1 (one request at a time) and 16 (one batched
-  ``decide_encoded`` of 16, as the server's batcher calls it), tokens/s, state cache off;
+  ``decide_encoded`` of 16, as the server's batcher calls it), tokens/s of the fastest of ``--rounds``
+  (every round kept with its spread), state cache off;
 - peak device memory (``torch.cuda.max_memory_allocated``);
 - all of the above with the fused DeltaNet kernels on and off (``--no-fused-kernels``; on only means
   something where the ``cuda`` extra is installed: the report says which packages were found).
 
-Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. ``--device cpu --quick`` runs the same
-plumbing on CPU in seconds (the test suite does that); numbers from it mean nothing for a GPU.
+Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``, the JSON with the machine record (GPU name,
+GEMM limits on the device). ``--device cpu --quick`` runs the same plumbing on CPU in seconds (the test
+suite does that); numbers from it mean nothing for a GPU.
 
     pip install -e '.[cuda]'          # on the GPU machine, optional: the fused kernels
     python benchmarks/gpu_check.py --out gpu-results
@@ -25,45 +27,23 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
-import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from bench_int8 import generated_requests, medium_checkpoint
-
-STATE_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "this",
-    "are",
-    "or",
-    "from",
-    "at",
-    "which",
-]
+from benchmarks.lib.flags import engine_options
+from benchmarks.lib.models import resolve_model
+from benchmarks.lib.requests import STATE_WORDS, drift, generated_requests
+from benchmarks.lib.results import save, start_report
+from benchmarks.lib.timing import repeat
 
 
 def sync(device: str) -> None:
@@ -89,45 +69,29 @@ def probabilities(clef: Any, requests: list[dict[str, Any]]) -> list[list[list[f
     return out
 
 
-def compare(reference: list[list[list[float]]], other: list[list[list[float]]]) -> dict[str, Any]:
-    diffs, agree, questions = [], 0, 0
-    for ref_request, other_request in zip(reference, other, strict=True):
-        for ref, got in zip(ref_request, other_request, strict=True):
-            diffs += [abs(a - b) for a, b in zip(ref, got, strict=True)]
-            agree += ref.index(max(ref)) == got.index(max(got))
-            questions += 1
-    return {
-        "max_abs_dp": round(max(diffs), 5),
-        "mean_abs_dp": round(statistics.fmean(diffs), 6),
-        "top1_agreement": f"{agree}/{questions}",
-    }
-
-
 def throughput(clef: Any, device: str, tokens: int, concurrency: int, rounds: int) -> dict[str, Any]:
     """Tokens/s at ``concurrency`` requests of ~``tokens`` tokens (batched into one call when > 1)."""
     items = [clef.prepare(request_of_tokens(clef, tokens, tag)) for tag in range(concurrency)]
     real = sum(item.record.input_tokens for item in items)
-    best = float("inf")
-    for _ in range(rounds):
-        sync(device)
-        started = time.perf_counter()
-        clef.decide_encoded(items)  # concurrency 1: one request; more: one batch, as the server's batcher
-        sync(device)
-        best = min(best, time.perf_counter() - started)
+    sync(device)
+    # Concurrency 1: one request; more: one batch, as the server's batcher makes.
+    seconds = repeat(lambda: clef.decide_encoded(items), rounds, warmup=0, sync=lambda: sync(device))
+    best = seconds.min
     return {
         "concurrency": concurrency,
         "tokens": real,
         "best_s": round(best, 4),
         "tokens_per_s": round(real / best, 1),
         "requests_per_s": round(concurrency / best, 2),
+        "tokens_per_s_spread": seconds.map(lambda s: real / s).summary(1),
     }
 
 
 def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, Any]]) -> dict[str, Any]:
     from clef_runtime.engine.clef import Clef
 
-    spec = str(medium_checkpoint()) if name == "medium" else name
-    reference_clef = Clef.load(spec, device="cpu", weights="fp32", cache_mb=0)
+    spec = resolve_model(name)
+    reference_clef = Clef.load(spec, engine_options(device="cpu", weights="fp32", cache_mb=0))
     started = time.perf_counter()
     reference = probabilities(reference_clef, requests)
     result: dict[str, Any] = {"cpu_fp32_s": round(time.perf_counter() - started, 2)}
@@ -137,7 +101,7 @@ def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, An
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        clef = Clef.load(spec, device=args.device, cache_mb=0, fused_kernels=fused)
+        clef = Clef.load(spec, engine_options(device=args.device, cache_mb=0, fused_kernels=fused))
         started = time.perf_counter()
         clef.warmup(max_batch_tokens=args.max_batch_tokens, max_batch_size=16)
         sync(args.device)
@@ -152,7 +116,7 @@ def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, An
             "weights": clef.backbone.weight_mode,
             "warmup_s": round(warmup_s, 2),
             "first_request_after_warmup_s": round(first_s, 3),
-            "parity_vs_cpu_fp32": compare(reference, got),
+            "parity_vs_cpu_fp32": drift(reference, got),
             "throughput": [
                 throughput(clef, args.device, args.tokens, concurrency, args.rounds)
                 for concurrency in args.concurrency
@@ -173,11 +137,13 @@ def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, An
 def render_markdown(report: dict[str, Any]) -> str:
     low, high = report["args"]["concurrency"][0], report["args"]["concurrency"][-1]
     machine = report["machine"]
+    limit = machine["gemm"]["limit"]
     lines = [
-        f"# gpu_check on {machine['device_name']}",
+        f"# gpu_check on {machine['gpu'] or 'CPU (' + machine['cpu'] + ')'}",
         "",
-        f"torch {machine['torch']}, CUDA {machine['cuda']}, fused packages {machine['fused']['packages']}, "
-        f"{report['wall_s']} s in all. Throughput: requests of ~{report['args']['tokens']} tokens.",
+        f"torch {machine['torch']['version']}, CUDA {machine['torch']['cuda']}, fused packages "
+        f"{report['fused']['packages']}, {report['wall_s']} s in all. Throughput: requests of "
+        f"~{report['args']['tokens']} tokens. GEMM limits on the device: {limit}.",
         "",
         "| model | fused | max abs dp | mean abs dp | top-1 | warm-up s | first s "
         f"| tok/s c={low} | tok/s c={high} | peak GiB |",
@@ -204,15 +170,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for gpu_check.json and .md")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny only, few requests (plumbing check)")
     parser.add_argument("--requests", type=int, default=None, help="parity requests (default 64; quick 4)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per throughput request (512)")
     parser.add_argument("--rounds", type=int, default=None, help="throughput repetitions (3; quick 1)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.requests = args.requests or (4 if args.quick else 64)
     args.tokens = args.tokens or (128 if args.quick else 512)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -225,29 +191,18 @@ def main() -> None:
     from clef_runtime.model.kernels import configure_cpu_threads
 
     configure_cpu_threads()
-    started = time.perf_counter()
-    cuda = args.device.startswith("cuda")
-    report: dict[str, Any] = {
-        "benchmark": "gpu_check",
-        "machine": {
-            "device_name": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'})",
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "cpu_cores": os.cpu_count(),
-            "fused": fused_kernels_status(),
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "models": {},
-    }
+    report = start_report("gpu_check", __file__, argv, quick=args.quick, device=args.device)
+    report["fused"] = fused_kernels_status()
+    report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report["models"] = {}
     requests = generated_requests(args.requests, seed=7)
-    for name in ("tiny",) if args.quick else ("tiny", "medium"):
+    for name in ("tiny",) if args.quick else ("tiny", "medium-1024"):
         report["models"][name] = check_model(name, args, requests)
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    save(report, args.out / "gpu_check.json", "gpu_check")
     (args.out / "gpu_check.md").write_text(render_markdown(report))
     print(render_markdown(report))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,10 @@ Usage::
 
     python benchmarks/load_test.py --engine fake --requests 5000 --concurrency 32
     python benchmarks/load_test.py --engine tiny --requests 200 --concurrency 16 --warmup 20 --no-overflow
+    python benchmarks/load_test.py --quick                      # smoke run (fake engine, seconds)
+
+The fake engine is the tests' (``tests/server/fake_engine.py``): its answers are a pure function of the
+request, which is how a misrouted answer is caught.
 
 Prints a JSON report (and writes it with ``--out``); exits 1 when a requirement fails (a status other than
 200/429, an unanswered or misrouted request, resident memory more than 10% above the warm-up level).
@@ -30,12 +34,13 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import tempfile
-import textwrap
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,34 +48,23 @@ from typing import Any
 import httpx
 import zstandard
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # tests.serving and the fake engine live in the repository's tests/
-    sys.path.insert(0, str(REPO))
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.serving import ServerProcess, free_port, start_server_process  # noqa: E402
+from benchmarks.lib.harness import ServerProcess, engine_launcher, start_clef_server
+from benchmarks.lib.results import add_run_arguments, command_line
 
 MEMORY_TOLERANCE = 0.10
 
-SERVE_FAKE = textwrap.dedent(
-    """
-    import os
-    import sys
-    import time
-    from clef_runtime.server.cli import configure_logging, serve
-    from clef_runtime.server.settings import ServerSettings
+
+def soak_engine(delay_s: float = 0.0, hold_path: str = "") -> Any:
+    """The fake engine for the soak (the factory `benchmarks.lib.engine_server` calls in the server
+    process): every call waits while ``hold_path`` exists (a gate the client controls), and the fake's
+    record of every call's states (kept for the API tests) is cleared, so a soak does not measure it."""
     from tests.server.fake_engine import FakeClef
-    configure_logging("warning")
-
-
-    port, delay_s = int(sys.argv[1]), float(sys.argv[2])
-    max_queue, max_batch = int(sys.argv[3]), int(sys.argv[4])
-    hold_path = sys.argv[5] if len(sys.argv) > 5 else ""
-
 
     class SoakClef(FakeClef):
-        # FakeClef records every call's states for the API tests; a soak must not measure that log.
-        def decide_encoded(self, items):
-            # A gate the client controls: every engine call waits while the hold file exists.
+        def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
             while hold_path and os.path.exists(hold_path):
                 time.sleep(0.005)
             try:
@@ -78,12 +72,7 @@ SERVE_FAKE = textwrap.dedent(
             finally:
                 self.batches.clear()
 
-
-    settings = ServerSettings(model="fake", port=port, max_queue=max_queue, max_batch_size=max_batch)
-    engine = SoakClef(delay_s=delay_s)
-    sys.exit(serve(settings, engine_factory=lambda s: engine))
-    """
-)
+    return SoakClef(delay_s=delay_s)
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -159,17 +148,6 @@ def expected_fake_answers(job: Job) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------- server
 
 
-class ServerHandle(ServerProcess):
-    """A server subprocess whose memory can be read."""
-
-    def rss_bytes(self) -> int:
-        """The server process' resident set size, from /proc."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc status")
-
-
 def start_server(
     engine: str,
     *,
@@ -178,22 +156,21 @@ def start_server(
     max_batch: int = 32,
     ready_s: float = 300,
     hold_path: Path | None = None,
-) -> ServerHandle:
+) -> ServerProcess:
     """Start a server process (``engine``: ``fake`` or ``tiny``) and wait for ``/ready``. With the fake
     engine, ``hold_path``: every engine call waits while that file exists.
 
     Returns its handle. Raises RuntimeError if it exits or is not ready within ``ready_s``.
     """
-    port = free_port()
-    if engine == "fake":
-        command = [sys.executable, "-c", SERVE_FAKE, str(port), str(delay_s), str(max_queue), str(max_batch)]
-        command += [str(hold_path or "")]
-    else:
-        command = [sys.executable, "-m", "clef_runtime.cli", "serve", "--model", engine, "--port", str(port)]
-        command += ["--max-queue", str(max_queue), "--log-level", "warning"]
     log_path = Path(tempfile.mkstemp(prefix="clef-load-", suffix=".log")[1])
-    server = start_server_process(command, port, log_path=log_path, timeout=ready_s)
-    return ServerHandle(server.process, server.url, server.log_path)
+    settings: dict[str, Any] = {"max_queue": max_queue, "max_batch_size": max_batch, "log_level": "warning"}
+    settings.update(jobs=False, log_path=log_path, timeout=ready_s)
+    if engine == "fake":
+        hold = str(hold_path or "")
+        settings["launcher"] = engine_launcher(
+            "benchmarks.load_test:soak_engine", delay_s=delay_s, hold_path=hold
+        )
+    return start_clef_server(engine, **settings)
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -284,6 +261,27 @@ async def send_all(
     return statuses, ok_ms, refused_ms, errors, wrong
 
 
+def _record(
+    report: PhaseReport,
+    statuses: Counter[str],
+    ok_ms: list[float],
+    refused_ms: list[float],
+    errors: int,
+    wrong: int,
+) -> None:
+    """Fill ``report`` with what `send_all` measured: statuses, errors, latency percentiles of the 200s
+    and of the 429s (the latter left None when nothing was refused)."""
+    report.statuses = dict(sorted(statuses.items()))
+    report.transport_errors = errors
+    report.wrong_answers = wrong
+    report.p50_ms = round(percentile(ok_ms, 0.50), 1)
+    report.p99_ms = round(percentile(ok_ms, 0.99), 1)
+    report.max_ms = round(max(ok_ms, default=0.0), 1)
+    if refused_ms:
+        report.p50_429_ms = round(percentile(refused_ms, 0.50), 1)
+        report.p99_429_ms = round(percentile(refused_ms, 0.99), 1)
+
+
 def run_soak(engine: str, requests: int, concurrency: int, warmup: int, seed: int = 0) -> PhaseReport:
     """The soak phase (see the module docstring). Returns its report; ``failures`` lists what failed."""
     report = PhaseReport("soak", engine, requests, concurrency)
@@ -301,15 +299,7 @@ def run_soak(engine: str, requests: int, concurrency: int, warmup: int, seed: in
         rss_after = server.rss_bytes()
     finally:
         report.server_exit_status = server.stop()
-    report.statuses = dict(sorted(statuses.items()))
-    report.transport_errors = errors
-    report.wrong_answers = wrong
-    report.p50_ms = round(percentile(ok_ms, 0.50), 1)
-    report.p99_ms = round(percentile(ok_ms, 0.99), 1)
-    report.max_ms = round(max(ok_ms, default=0.0), 1)
-    if refused_ms:
-        report.p50_429_ms = round(percentile(refused_ms, 0.50), 1)
-        report.p99_429_ms = round(percentile(refused_ms, 0.99), 1)
+    _record(report, statuses, ok_ms, refused_ms, errors, wrong)
     report.rss_after_warmup_mb = round(rss_warm / 2**20, 1)
     report.rss_after_run_mb = round(rss_after / 2**20, 1)
     report.rss_growth = round(rss_after / rss_warm - 1, 4)
@@ -341,14 +331,7 @@ def run_overflow(requests: int, concurrency: int, max_queue: int, delay_s: float
         report.seconds = round(time.perf_counter() - started, 2)
     finally:
         report.server_exit_status = server.stop()
-    report.statuses = dict(sorted(statuses.items()))
-    report.transport_errors = errors
-    report.wrong_answers = wrong
-    report.p50_ms = round(percentile(ok_ms, 0.50), 1)
-    report.p99_ms = round(percentile(ok_ms, 0.99), 1)
-    report.max_ms = round(max(ok_ms, default=0.0), 1)
-    report.p50_429_ms = round(percentile(refused_ms, 0.50), 1)
-    report.p99_429_ms = round(percentile(refused_ms, 0.99), 1)
+    _record(report, statuses, ok_ms, refused_ms, errors, wrong)
     if sum(statuses.values()) != requests or errors:
         report.failures.append("requests unanswered")
     if set(statuses) - {"200", "429"}:
@@ -423,9 +406,9 @@ def run_overflow_probe(probes: int) -> PhaseReport:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point. Returns 0 when every phase met its requirements, else 1."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--engine", choices=["fake", "tiny"], default="fake")
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -435,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overflow-delay-ms", type=float, default=20.0)
     parser.add_argument("--overflow-probes", type=int, default=200)
     parser.add_argument("--no-overflow", action="store_true")
-    parser.add_argument("--out", type=Path)
+    add_run_arguments(parser, quick="200 requests, small phases", output="--out")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.warmup, args.overflow_requests, args.overflow_probes = 200, 50, 200, 20
     reports = [run_soak(args.engine, args.requests, args.concurrency, args.warmup)]
     if args.engine == "fake" and not args.no_overflow:
         reports.append(
@@ -448,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         reports.append(run_overflow_probe(args.overflow_probes))
-    result = [asdict(report) for report in reports]
+    result = {"benchmark": "load_test", "command": command_line(__file__, argv)}
+    result["phases"] = [asdict(report) for report in reports]
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

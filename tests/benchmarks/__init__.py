@@ -1,22 +1,12 @@
-"""Tests of the developer tooling in benchmarks/ (scripts, not a package: loaded by file path)."""
+"""Tests of the developer tooling in benchmarks/ (the scripts and their shared library, `benchmarks.lib`)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 from types import ModuleType
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (registered in ``sys.modules`` so that dataclasses resolve)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The script ``benchmarks/<name>.py`` as the module ``benchmarks.<name>`` (the repository root is on
+    the tests' path, and the scripts import each other and the library that way)."""
+    return importlib.import_module(f"benchmarks.{name}")

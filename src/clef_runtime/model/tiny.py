@@ -17,6 +17,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ from clef_runtime.release import (
 __all__ = [
     "TINY_FORMAT",
     "TINY_HEAD_CONFIG",
+    "Geometry",
     "make_random_checkpoint",
     "make_tiny",
+    "random_backbone_tensor",
     "random_checkpoint_config",
     "tiny_config",
 ]
@@ -66,6 +69,59 @@ TINY_HEAD_CONFIG: Mapping[str, int] = {
 # Shards are filled greedily in name order up to this size, which splits the tiny model into three shards
 # (lm_head | embed_tokens | everything else): loading must cross shard boundaries as with the release.
 _SHARD_BYTES = 24 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The sizes of a random checkpoint's text stack and joint head; the defaults are the tiny model's.
+
+    One object names a whole model, so that benchmarks and tests can say "this geometry" instead of patching
+    config keys one by one. `random_checkpoint_config` and `make_random_checkpoint` take it as ``geometry``;
+    the layer pattern (3 Gated DeltaNet layers, then one full attention layer), the M-RoPE split and the
+    vision tower's output width follow from it.
+    """
+
+    hidden_size: int = TEXT_HIDDEN
+    layers: int = 4
+    intermediate_size: int = 128
+    attention_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    deltanet_key_heads: int = 2
+    deltanet_value_heads: int = 4
+    deltanet_key_dim: int = 16
+    deltanet_value_dim: int = 16
+    head_width: int = 32
+    head_routing_layers: int = 2
+    head_layers: int = 2
+    head_heads: int = 4
+    head_feedforward: int = 64
+
+    def text_overrides(self) -> dict[str, int]:
+        """The text-config keys this geometry sets (`random_checkpoint_config` derives the rest)."""
+        return {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.attention_heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "linear_num_key_heads": self.deltanet_key_heads,
+            "linear_num_value_heads": self.deltanet_value_heads,
+            "linear_key_head_dim": self.deltanet_key_dim,
+            "linear_value_head_dim": self.deltanet_value_dim,
+        }
+
+    def head_config(self) -> dict[str, int]:
+        """The joint head's joint_head_config.json content (in the release's key order)."""
+        return {
+            "hidden_size": self.hidden_size,
+            "width": self.head_width,
+            "routing_layers": self.head_routing_layers,
+            "layers": self.head_layers,
+            "heads": self.head_heads,
+            "feedforward": self.head_feedforward,
+        }
 
 
 def tiny_config(seed: int = 0) -> dict[str, Any]:
@@ -207,8 +263,12 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: 
     )
 
 
-def _backbone_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Deterministic values for one backbone tensor, chosen so every block does visible work."""
+def random_backbone_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Deterministic bf16 values for the backbone tensor ``name`` (its checkpoint name, e.g.
+    ``model.language_model.layers.0.mlp.up_proj.weight``), chosen so every block does visible work.
+
+    The recipe of every random checkpoint; exposed so that a model too large to write to disk (a block of the
+    release's width) can be filled in memory with the same values."""
     rng = _rng(seed, name)
     leaf = name.rsplit(".", 1)[-1]
     if name.endswith("linear_attn.A_log"):
@@ -289,12 +349,14 @@ def _mrope_section(head_dim: int, partial_rotary_factor: float) -> list[int]:
 
 def random_checkpoint_config(
     *,
+    geometry: Geometry | None = None,
     text_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     vocab_size: int | None = None,
     marker: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return a config.json for a random checkpoint: the tiny config with ``text_overrides`` applied.
+    """Return a config.json for a random checkpoint: the tiny config with ``geometry``'s sizes, then
+    ``text_overrides``, applied.
 
     Derived keys follow the overrides unless overridden themselves: ``layer_types`` (the release's 3:1
     pattern, full attention at every 4th layer) from ``num_hidden_layers``; ``rope_parameters.mrope_section``
@@ -305,7 +367,7 @@ def random_checkpoint_config(
     """
     config = tiny_config(seed)
     text = config["text_config"]
-    overrides = dict(text_overrides or {})
+    overrides = {**(geometry.text_overrides() if geometry is not None else {}), **(text_overrides or {})}
     text.update(overrides)
     if "num_hidden_layers" in overrides and "layer_types" not in overrides:
         text["layer_types"] = [
@@ -334,6 +396,7 @@ def random_checkpoint_config(
 def make_random_checkpoint(
     directory: str | os.PathLike[str],
     *,
+    geometry: Geometry | None = None,
     text_overrides: Mapping[str, Any] | None = None,
     head_config: Mapping[str, int] | None = None,
     seed: int = 0,
@@ -343,8 +406,9 @@ def make_random_checkpoint(
 ) -> Path:
     """Write an untrained checkpoint of any geometry in the release layout (the tiny recipe, scaled).
 
-    ``text_overrides`` updates the tiny text config (see `random_checkpoint_config` for the derived keys);
-    ``head_config`` replaces `TINY_HEAD_CONFIG` (its ``hidden_size`` must equal the text hidden size);
+    ``geometry`` sets the text stack's and the head's sizes (default: the tiny ones); ``text_overrides``
+    updates the text config on top of it (see `random_checkpoint_config` for the derived keys);
+    ``head_config`` replaces the geometry's head (its ``hidden_size`` must equal the text hidden size);
     ``marker`` replaces the config's ``"clef_runtime"`` marker (default: the tiny marker, so a checkpoint
     that is not the tiny one should pass e.g. ``{"tiny": False, "untrained": True, ...}``); shards are
     filled greedily in name order up to ``shard_bytes`` (a larger tensor gets a shard of its own).
@@ -356,9 +420,12 @@ def make_random_checkpoint(
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     config = random_checkpoint_config(
-        text_overrides=text_overrides, seed=seed, vocab_size=vocab_size, marker=marker
+        geometry=geometry, text_overrides=text_overrides, seed=seed, vocab_size=vocab_size, marker=marker
     )
-    head = dict(TINY_HEAD_CONFIG if head_config is None else head_config)
+    if head_config is not None:
+        head = dict(head_config)
+    else:
+        head = geometry.head_config() if geometry is not None else dict(TINY_HEAD_CONFIG)
     if head.get("hidden_size") != config["text_config"]["hidden_size"]:
         raise ValueError(
             f"head_config hidden_size {head.get('hidden_size')} does not match the text hidden size "
@@ -392,7 +459,7 @@ def _write_checkpoint(
     total_size = 0
     for number, names in enumerate(shards, start=1):
         file_name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: _backbone_tensor(seed, name, shapes[name]) for name in names}
+        tensors = {name: random_backbone_tensor(seed, name, shapes[name]) for name in names}
         save_file(tensors, str(target / file_name), metadata={"format": "pt"})
         for name, tensor in tensors.items():
             weight_map[name] = file_name

@@ -1,0 +1,1 @@
+"""Tests of `benchmarks.lib`, the library every benchmark script shares."""
