@@ -2,37 +2,52 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps, so that serving never pulls the development tools: `make run` needs only the first,
+# `make test` (and lint, bench) both; `make test` after `make run` adds the tools and nothing else.
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 HOST ?= 127.0.0.1
 PORT ?= 8094
+# The version pyproject.toml pins. PyPI's Linux x86_64 wheel of torch is the CUDA build (cuda-toolkit, cudnn,
+# nccl: gigabytes); PyTorch's CPU index serves the CPU build under the same version (2.13.0+cpu), which the
+# pin accepts. On a CUDA machine take a CUDA build instead: make TORCH_INDEX=https://pypi.org/simple (CUDA 13).
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: run test lint bench clean
 
 # Each step says what it does and pip shows its progress: a first install downloads torch (~200 MB on
-# CPU) and takes a minute or two.
+# CPU) and takes a minute or two. Step 3 takes only torch itself from TORCH_INDEX (--no-deps): its
+# dependencies come from PyPI in step 4, so where that index cannot be reached but a local copy of the wheel
+# can (a package mirror, pip's find-links), the install costs one failed lookup, not five retries per package.
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> [2/4] upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@echo "==> [3/4] installing torch 2.13.0 (pinned: a bare torch would pull a multi-GB CUDA build)"
-	$(BIN)/python -m pip install --progress-bar on torch==2.13.0
-	@echo "==> [4/4] installing clef-runtime and its development tools"
-	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	@echo "==> [3/4] installing torch $(TORCH_VERSION) from $(TORCH_INDEX) (the CPU build unless TORCH_INDEX says otherwise)"
+	$(BIN)/python -m pip install --progress-bar on --no-deps torch==$(TORCH_VERSION) --index-url $(TORCH_INDEX)
+	@echo "==> [4/4] installing clef-runtime and what serving needs"
+	$(BIN)/python -m pip install --progress-bar on -e .
 	touch $(STAMP)
-	@echo "==> $(VENV) is ready"
+	@echo "==> $(VENV) is ready to serve"
+
+$(DEV_STAMP): $(STAMP)
+	@echo "==> installing the development tools (pytest, ruff, ray, playwright, the official clients, ...)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	touch $(DEV_STAMP)
 
 run: $(STAMP)
 	@echo "==> serving the untrained tiny model on http://$(HOST):$(PORT) (Ctrl+C to stop)"
 	$(BIN)/clef serve --model tiny --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/suite.py
 
 clean:

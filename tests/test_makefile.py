@@ -1,23 +1,27 @@
-"""`make run` on a fresh machine says what it installs and shows pip's progress (no minutes of silence)."""
+"""The Makefile sets up .venv on a fresh machine: it says what it installs, shows pip's progress, installs
+torch's CPU build at the version pyproject.toml pins, and `make run` installs only what serving needs while
+`make test` adds the development tools (`make -n` prints the commands; nothing is installed here)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def test_the_install_steps_are_announced_and_not_silenced() -> None:
-    # -n: print the commands a fresh setup would run (-B: as if nothing were built), run nothing.
-    # Under `make test` the parent make's variables would make this one a sub-make that prints
-    # "Entering/Leaving directory" lines: run it as a user would, from a plain shell.
+def _make_n(*args: str) -> list[str]:
+    """The commands ``make -n ARGS`` would run, as a user would see them from a plain shell (under `make
+    test` the parent make's variables would turn this one into a sub-make that prints Entering/Leaving
+    directory lines)."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
     }
     done = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-B", "run"],
+        ["make", "--no-print-directory", "-n", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -25,10 +29,68 @@ def test_the_install_steps_are_announced_and_not_silenced() -> None:
         timeout=60,
         check=True,
     )
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+def _installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
+
+
+def _pinned_torch() -> str:
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'"torch==([^"]+)"', pyproject)
+    assert match is not None, "pyproject.toml does not pin torch"
+    return match.group(1)
+
+
+def test_the_install_steps_are_announced_and_not_silenced() -> None:
+    lines = _make_n("-B", "run")  # -B: as on a fresh machine, nothing built yet
     steps = [line for line in lines if line.startswith('echo "==> [')]
-    assert len(steps) == 4, done.stdout
-    installs = [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
-    assert any("torch==" in line for line in installs) and any("'.[dev]'" in line for line in installs)
-    assert all("--quiet" not in line and "-q " not in line for line in installs), installs
+    assert len(steps) == 4, lines
+    installs = _installs(lines)
+    assert installs and all("--quiet" not in line and "-q " not in line for line in installs), installs
     assert lines[-1].endswith("--port 8094") and "serving" in lines[-2]
+
+
+def test_torch_is_the_cpu_build_at_the_pinned_version() -> None:
+    # PyPI's Linux wheel of torch==X is the CUDA build; PyTorch's CPU index serves X+cpu. Only torch comes
+    # from that index (--no-deps), and before the package, so pip keeps it when it installs the rest.
+    installs = _installs(_make_n("-B", "run"))
+    torch = [line for line in installs if "torch==" in line]
+    assert len(torch) == 1, installs
+    assert f"torch=={_pinned_torch()} " in torch[0] + " ", (torch[0], _pinned_torch())
+    assert f"--index-url {CPU_INDEX}" in torch[0] and "--no-deps" in torch[0], torch[0]
+    assert installs.index(torch[0]) < next(i for i, line in enumerate(installs) if " -e " in line)
+
+
+def test_make_run_installs_what_serving_needs_and_make_test_the_development_tools() -> None:
+    run = _installs(_make_n("-B", "run"))
+    assert any(line.endswith(" -e .") for line in run), run
+    assert not any("[dev]" in line for line in run), run
+    test = _installs(_make_n("-B", "test"))
+    assert any(line.endswith("-e '.[dev]'") for line in test), test
+
+
+def _stamped_venv(tmp_path: Path, *stamps: str) -> str:
+    """A virtual-environment directory with the given stamp files, newer than pyproject.toml."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    newer = max(os.stat(REPO / "pyproject.toml").st_mtime, os.stat(REPO / "Makefile").st_mtime) + 1
+    for name in stamps:
+        (venv / name).touch()
+        os.utime(venv / name, (newer, newer))
+    return str(venv)
+
+
+def test_make_test_after_make_run_adds_only_the_development_tools(tmp_path: Path) -> None:
+    venv = _stamped_venv(tmp_path, ".installed")
+    lines = _make_n(f"VENV={venv}", "test")
+    assert _installs(lines) == [f"{venv}/bin/python -m pip install --progress-bar on -e '.[dev]'"], lines
+    assert not any("-m venv" in line for line in lines), lines
+
+
+def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
+    venv = _stamped_venv(tmp_path, ".installed", ".installed-dev")
+    for target in ("run", "test"):
+        lines = _make_n(f"VENV={venv}", target)
+        assert _installs(lines) == [] and not any("-m venv" in line for line in lines), (target, lines)

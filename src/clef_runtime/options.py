@@ -183,7 +183,7 @@ def read_option_values(
 
 
 def option_table_markdown(options: Iterable[Option]) -> str:
-    """A markdown table of flags, variables and help texts (for the README and the closing notes)."""
+    """A markdown table of flags, variables and help texts (README.md's options table is this output)."""
     lines = ["| flag | variable | meaning |", "|---|---|---|"]
     for option in options:
         flag = option.flag + (f" {option.metavar}" if option.metavar else "")
