@@ -129,6 +129,10 @@ def serve(
     if settings.host not in _LOCAL_HOSTS and not settings.auth_enabled:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
     logger.info("settings: %s", settings.redacted())
+    # uvicorn announces its address only for a socket it binds itself; this one was bound above.
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    logger.info("listening on http://%s:%d (decision routes answer once the model is ready)", shown, port)
     # uvicorn re-raises the signal it caught after a graceful shutdown; with the default SIGTERM handler
     # that would kill the process with status 143. A no-op handler makes a graceful stop exit 0.
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -151,6 +151,7 @@ def test_sigterm_finishes_accepted_requests_then_exits_0() -> None:
             process.wait(10)
     log = process.stdout.read().decode() if process.stdout else ""
     assert "stopped" in log
+    assert f"listening on {url} " in log  # the address a user opens, also when the port was chosen free
 
 
 @pytest.mark.slow
