@@ -3,17 +3,21 @@ owning process per file, and jobs bound to the model they were submitted to."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from clef_runtime.jobs import store as store_module
 from clef_runtime.jobs.store import (
     IdempotencyConflict,
     JobLine,
@@ -22,9 +26,11 @@ from clef_runtime.jobs.store import (
     JobStoreError,
     JobStoreLocked,
     JobStoreUnavailable,
+    TooManyActiveJobs,
     lock_path_of,
     owner_of,
 )
+from tests.jobs.read_only import open_read_only
 from tests.serving import REPO
 
 MODEL = JobModel("model-a", "/models/model-a")
@@ -278,3 +284,152 @@ def test_a_version_1_file_is_migrated_and_its_jobs_go_to_the_first_model_that_cl
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_version_1_file_that_cannot_be_written_is_refused_as_not_upgradable_not_as_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(_V1_SCHEMA)
+        db.execute("PRAGMA journal_mode=WAL")  # as version 1 left its files
+    before = path.read_bytes()
+    open_read_only(monkeypatch)
+    with pytest.raises(JobStoreError) as refused:
+        JobStore(path)
+    message = str(refused.value)
+    assert "could not be upgraded" in message and "read-only" in message and str(path) in message
+    assert "damaged" not in message
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    JobStore(path).close()  # the refused open let go of the file
+
+
+# ------------------------------------------------------------------------------ the active-jobs limit
+
+
+def test_the_active_limit_refuses_a_new_job_but_returns_a_replayed_one(store: JobStore) -> None:
+    first, created = store.create(
+        "", lines(1), model=MODEL, body_digest="a", idempotency_key="k1", max_active=1
+    )
+    assert created
+    with pytest.raises(TooManyActiveJobs, match="1 jobs are already queued or running"):
+        store.create("", lines(1), model=MODEL, body_digest="b", idempotency_key="k2", max_active=1)
+    with pytest.raises(TooManyActiveJobs):
+        store.create("", lines(1), model=MODEL, body_digest="c", max_active=1)
+    again, created = store.create(
+        "", lines(1), model=MODEL, body_digest="a", idempotency_key="k1", max_active=1
+    )
+    assert (again.id, created) == (first.id, False)
+    # Other owners and other models have their own count.
+    assert store.create("other", lines(1), model=MODEL, body_digest="d", max_active=1)[1]
+    assert store.create("", lines(1), model=OTHER, body_digest="e", max_active=1)[1]
+    assert store.active_count("", MODEL) == 1
+
+
+def test_submissions_racing_at_the_active_limit_create_one_job(store: JobStore) -> None:
+    start = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def submit(i: int) -> None:
+        start.wait()
+        try:
+            store.create("", lines(1), model=MODEL, body_digest=str(i), max_active=1)
+            outcomes.append("created")
+        except TooManyActiveJobs:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["created"] + ["refused"] * 7
+    assert store.active_count("", MODEL) == 1
+
+
+# ------------------------------------------------------------------- claiming without writing at startup
+
+
+def test_claiming_a_read_only_file_without_unbound_jobs_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    writer = JobStore(path)
+    writer.create("", lines(1), model=MODEL, body_digest="d")
+    writer.close()
+    open_read_only(monkeypatch)
+    store = JobStore(path)
+    assert store.claim_unbound(OTHER) == 0
+    assert len(store.unfinished_jobs()) == 1  # reads work
+    with pytest.raises(JobStoreUnavailable, match="readonly"):
+        store.create("", lines(1), model=MODEL, body_digest="e")
+    store.close()
+
+
+def test_claiming_while_another_client_holds_a_write_transaction_does_not_wait(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path)
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    other.execute("BEGIN IMMEDIATE")  # e.g. the sqlite3 shell in the middle of a change
+    try:
+        store._db.execute("PRAGMA busy_timeout=0")  # a write would fail at once instead of in 10 s
+        assert store.claim_unbound(MODEL) == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        store.close()
+
+
+# ------------------------------------------------------------------------------------------- the lock
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.ENOLCK])
+def test_a_filesystem_that_cannot_lock_runs_unlocked_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    def cannot_lock(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(store_module.fcntl, "flock", cannot_lock)
+    path = tmp_path / "jobs.sqlite3"
+    with caplog.at_level(logging.WARNING, logger="clef_runtime.jobs"):
+        store = JobStore(path)
+    (warning,) = [r.getMessage() for r in caplog.records if "cannot lock" in r.getMessage()]
+    assert str(lock_path_of(path)) in warning and "two servers on this file would not be detected" in warning
+    assert store.create("", lines(1), model=MODEL, body_digest="d")[1]
+    store.close()
+
+
+def test_another_lock_error_still_refuses_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fd: int, operation: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(store_module.fcntl, "flock", broken)
+    with pytest.raises(JobStoreError, match="cannot be opened"):
+        JobStore(tmp_path / "jobs.sqlite3")
+
+
+def test_a_failed_pid_write_lets_go_of_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(fd: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    path = tmp_path / "jobs.sqlite3"
+    monkeypatch.setattr(store_module.os, "ftruncate", disk_full)
+    with pytest.raises(JobStoreError, match="No space left"):
+        JobStore(path)
+    monkeypatch.undo()
+    JobStore(path).close()  # not JobStoreLocked: no descriptor kept the lock
+
+
+def test_a_symlink_to_the_database_shares_its_lock(tmp_path: Path) -> None:
+    real = tmp_path / "data" / "jobs.sqlite3"
+    alias = tmp_path / "alias.sqlite3"
+    owner = JobStore(real)
+    alias.symlink_to(real)
+    try:
+        assert lock_path_of(alias) == lock_path_of(real)
+        with pytest.raises(JobStoreLocked):
+            JobStore(alias)
+    finally:
+        owner.close()

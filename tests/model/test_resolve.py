@@ -1,4 +1,5 @@
-"""resolve_model: tiny (built once, atomically), local directories, Hugging Face repo ids (offline cache)."""
+"""resolve_model: tiny (built once, atomically), local directories, Hugging Face repo ids (offline cache);
+model_identity: the same weights under every spelling of their spec, without resolving it."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ import clef_runtime.model.resolve as resolve_module
 import clef_runtime.model.tiny as tiny_module
 from clef_runtime.model.checkpoint import (
     PINNED_FILE_SIZES,
+    PINNED_REPO_ID,
     PINNED_REVISION,
     RELEASE_FILE_PATTERNS,
     CheckpointError,
     verify_checkpoint,
 )
-from clef_runtime.model.resolve import ModelResolutionError, ResolvedModel, resolve_model
+from clef_runtime.model.resolve import (
+    ModelResolutionError,
+    ResolvedModel,
+    model_identity,
+    resolve_model,
+    tiny_cache_path,
+)
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -260,3 +268,35 @@ def test_an_unreachable_hub_still_loads_a_cached_copy(tmp_path: Path, tiny_dir: 
     done = _resolve_without_network("Org/tiny-clef", tmp_path / "hub")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(snapshot)
+
+
+def test_every_spelling_of_a_repo_id_has_one_identity_with_the_revision_it_loads(
+    offline_hub: Path, tiny_dir: Path
+) -> None:
+    pinned = model_identity(PINNED_REPO_ID)
+    assert pinned.ref == f"cloudflare/clef-flash@{PINNED_REVISION}" and pinned.name == PINNED_REPO_ID
+    for spelling in (
+        "cloudflare/clef-flash",
+        " Cloudflare/Clef-Flash ",
+        f"CLOUDFLARE/clef-flash@{PINNED_REVISION}",
+    ):
+        assert model_identity(spelling).ref == pinned.ref, spelling
+    assert model_identity("cloudflare/clef-flash@main").ref != pinned.ref  # other weights
+    # The revision is the one resolve_model loads; nothing is fetched to name it (the cache is empty).
+    assert model_identity("Org/not-cached").ref == "org/not-cached@main"
+    _hf_cache(offline_hub, "Org/tiny-clef", REVISION, tiny_dir)
+    assert model_identity("Org/Tiny-Clef").ref == f"org/tiny-clef@{resolve_model('Org/tiny-clef').revision}"
+
+
+def test_a_local_directory_is_identified_by_its_resolved_path_and_tiny_by_its_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "models" / "my-model"
+    directory.mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(directory)
+    monkeypatch.chdir(tmp_path)
+    for spelling in (str(directory), "models/my-model", "./alias"):
+        assert model_identity(spelling).ref == str(directory.resolve()), spelling
+    assert model_identity("alias").name == "my-model"
+    assert model_identity("tiny").ref == tiny_cache_path().name
+    assert model_identity("fake").ref == "fake"  # not a repo id: stands for itself

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +14,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from clef_runtime.jobs.store import JobLine, JobStore
+from clef_runtime.server.jobs import job_model
+from tests.jobs.read_only import open_read_only
 from tests.server.conftest import Served
-from tests.server.fake_engine import FAIL_MARKER, FakeClef
+from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 
 NOUL = {"type": "noul"}
 CHOICE = {"type": "choice", "criteria": {"a": "first", "b": None}}
@@ -168,6 +173,26 @@ def test_limits(jobs_app: Callable[..., Served]) -> None:
     assert busy.status_code == 429 and "Retry-After" in busy.headers
 
 
+def test_a_new_idempotency_key_does_not_pass_the_active_limit_and_a_replayed_one_gets_its_job(
+    jobs_app: Callable[..., Served],
+) -> None:
+    engine = GatedEngine()  # holds the first job's line: the job stays active while the test submits
+    client = jobs_app(jobs_max_active=1, engine=engine).client
+    body = jsonl([request_line(0)])
+    first = client.post("/v1/jobs", content=body, headers={"Idempotency-Key": "k1"})
+    try:
+        assert first.status_code == 202
+        fresh = client.post("/v1/jobs", content=jsonl([request_line(1)]), headers={"Idempotency-Key": "k2"})
+        assert fresh.status_code == 429 and "--jobs-max-active" in fresh.json()["detail"]["message"]
+        assert fresh.headers["Retry-After"] == "60"
+        replayed = client.post("/v1/jobs", content=body, headers={"Idempotency-Key": "k1"})
+        assert replayed.status_code == 200 and replayed.json()["id"] == first.json()["id"]
+    finally:
+        engine.gate.set()
+    assert wait_done(client, first.json()["id"])["counts"]["done"] == 1
+    assert [j["id"] for j in client.get("/v1/jobs").json()["data"]] == [first.json()["id"]]
+
+
 def test_jobs_off_disables_the_routes(jobs_app: Callable[..., Served]) -> None:
     client = jobs_app(jobs=False).client
     assert client.post("/v1/jobs", content=jsonl([request_line(0)])).status_code == 404
@@ -183,6 +208,32 @@ def test_an_unwritable_database_fails_jobs_only(jobs_app: Callable[..., Served])
     assert interactive.status_code == 200
 
 
+def test_a_read_only_database_file_starts_the_server_and_fails_only_the_job_writes(
+    serve_fake: Callable[..., Served],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = tmp_path / "jobs.sqlite3"
+    store = JobStore(db)
+    old, _ = store.create(
+        "", [JobLine(1, None, json.dumps(request_line(0)))], model=job_model("fake"), body_digest="d"
+    )
+    store.close()
+    with sqlite3.connect(db) as raw:  # a job no server has claimed yet: opening tries to claim it
+        raw.execute("UPDATE jobs SET model = NULL, model_ref = NULL")
+    open_read_only(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="clef_runtime.jobs"):
+        client = serve_fake(jobs_db=str(db)).client
+    assert any("stay unclaimed" in r.getMessage() and "readonly" in r.getMessage() for r in caplog.records)
+    interactive = client.post("/v1/systemone", json={"state": "x", "questions": {"q": NOUL}})
+    assert interactive.status_code == 200
+    refused = client.post("/v1/jobs", content=jsonl([request_line(0)]))
+    assert refused.status_code == 503 and refused.json()["detail"]["error_type"] == "jobs_unavailable"
+    assert refused.headers["Retry-After"] == "30"
+    assert [j["id"] for j in client.get("/v1/jobs").json()["data"]] == [old.id]  # reads still work
+
+
 def test_unknown_job_is_404(jobs_app: Callable[..., Served]) -> None:
     client = jobs_app().client
     assert client.get("/v1/jobs/job_nope").status_code == 404
@@ -194,7 +245,7 @@ def test_a_bad_query_parameter_is_named_in_plain_words(jobs_app: Callable[..., S
     for query, message in (
         ("limit=0", "limit must be at least 1, got 0"),
         ("limit=500", "limit must be at most 100, got 500"),
-        ("limit=many", "limit must be an integer, got a string"),
+        ("limit=many", "limit must be an integer, got 'many'"),
     ):
         response = client.get(f"/v1/jobs?{query}")
         assert response.status_code == 422

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from clef_runtime.jobs.store import JobLine, JobStore, JobStoreLocked
 from clef_runtime.model.checkpoint import PINNED_REPO_ID, PINNED_REVISION
 from clef_runtime.model.resolve import tiny_cache_path
-from clef_runtime.server.jobs import job_model
+from clef_runtime.server.jobs import JobsService, job_model
 from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, build_app
 from tests.server.fake_engine import FakeClef
@@ -127,11 +127,42 @@ def test_the_model_identity_names_the_weights(tmp_path: Path) -> None:
     directory.mkdir()
     local = job_model(str(directory))
     assert (local.name, local.ref) == ("my-model", str(directory.resolve()))
-    assert job_model(PINNED_REPO_ID).ref == f"{PINNED_REPO_ID}@{PINNED_REVISION}"
+    assert job_model(PINNED_REPO_ID).ref == f"{PINNED_REPO_ID.lower()}@{PINNED_REVISION}"
     assert job_model(PINNED_REPO_ID) == job_model(f"{PINNED_REPO_ID}@{PINNED_REVISION}")
     assert job_model("org/other").ref == "org/other@main"
     assert job_model("org/other@v2") != job_model("org/other")
     assert job_model("org/other@v2").name == "org/other"
+
+
+def test_a_job_submitted_under_another_spelling_of_the_repo_id_is_resumed(tmp_path: Path) -> None:
+    # The Hub matches repo ids case-insensitively: both spellings load the same weights.
+    db = tmp_path / "jobs.sqlite3"
+    store = JobStore(db)
+    typed = job_model("Cloudflare/Clef-Flash")
+    job, _ = store.create("", [_line(1)], model=typed, body_digest="d")
+    store.close()
+    restarted = JobStore(db)
+    found = restarted.next_lines(10, job_model(PINNED_REPO_ID.lower()))
+    restarted.close()
+    assert found is not None and found[0] == job.id
+    assert (
+        typed.ref == f"{PINNED_REPO_ID.lower()}@{PINNED_REVISION}" and typed.name == "Cloudflare/Clef-Flash"
+    )
+    assert job_model("Org/Other@v2").ref == job_model("org/other@v2").ref == "org/other@v2"
+
+
+def test_a_failed_startup_lets_go_of_the_jobs_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: JobsService, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the runner could not be built")
+
+    db = tmp_path / "jobs.sqlite3"
+    monkeypatch.setattr(JobsService, "__init__", broken)
+    with pytest.raises(RuntimeError, match="could not be built"):
+        build_app(ServerSettings(model="fake", jobs_db=str(db)), FakeClef())
+    monkeypatch.undo()
+    JobStore(db).close()  # not JobStoreLocked: the failed server closed the store and its lock
 
 
 def test_another_models_waiting_jobs_do_not_count_against_the_active_limit(

@@ -7,6 +7,11 @@ run only when no interactive request is waiting, see `clef_runtime.engine.schedu
 outcome as it arrives. A line whose answer was not committed when the process died has no result and is
 taken again after the restart; a committed one is never recomputed: no line lost, none answered twice.
 
+A line's error is recorded only when it is the line's own (invalid, too long, the engine failed on it). A
+failure that says the line could not be run *now* (`TEMPORARY_FAILURES`: the scheduler closing, its queue
+full, no replica able to answer) leaves the line without a result: it is taken again after a pause (or after
+the restart), so an outage never fails job lines for good.
+
 The runner knows no HTTP and holds no model: it is given the model's identity (`JobModel`), a ``prepare``
 function and a ``submit`` function.
 """
@@ -20,17 +25,28 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from clef_runtime.engine.scheduler import SchedulerClosedError
+from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
 from clef_runtime.jobs.store import JobModel, JobStore, JobStoreUnavailable
 from clef_runtime.protocol.errors import ClefError, RequestValidationError
 
-__all__ = ["JobRunner", "error_object"]
+__all__ = ["TEMPORARY_FAILURES", "JobRunner", "RetryLaterError", "error_object"]
 
 logger = logging.getLogger("clef_runtime.jobs")
 
 #: Lines in flight at once: enough to keep background batches full, few enough that a cancel or a stop
 #: drops little work.
 DEFAULT_WINDOW = 8
+#: Seconds to wait before taking lines again after a temporary failure (replicas restart within seconds).
+DEFAULT_RETRY_DELAY_S = 5.0
+
+
+class RetryLaterError(Exception):
+    """Raised (by a ``submit`` or its future) when a request could not be answered now but may be shortly,
+    e.g. every model replica that tried it died. A job line failing with it keeps no result and is retried."""
+
+
+#: What ``submit`` or its future may raise without the line being at fault: the line stays unanswered.
+TEMPORARY_FAILURES: tuple[type[BaseException], ...] = (SchedulerClosedError, QueueFullError, RetryLaterError)
 
 
 def error_object(exc: BaseException) -> dict[str, Any]:
@@ -50,7 +66,7 @@ class JobRunner:
     """Answers the job lines of ``model`` in the background. ``prepare(request_dict) -> (item, tokens,
     extras)`` validates and encodes one request (``extras`` are merged into the response, e.g.
     ``x_truncated_state_tokens``); ``submit(item, tokens) -> Future`` queues it in the batcher's background
-    lane."""
+    lane. A failure in `TEMPORARY_FAILURES` leaves the line for a later try, ``retry_delay_s`` later."""
 
     def __init__(
         self,
@@ -61,6 +77,7 @@ class JobRunner:
         *,
         window: int = DEFAULT_WINDOW,
         on_line: Callable[[bool], None] | None = None,
+        retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
     ) -> None:
         self.store = store
         self.model = model
@@ -68,6 +85,7 @@ class JobRunner:
         self._submit = submit
         self._window = window
         self._on_line = on_line
+        self._retry_delay_s = retry_delay_s
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,6 +151,7 @@ class JobRunner:
         job_id, lines = found
         self.store.mark_running(job_id)
         in_flight: list[tuple[int, Future[dict[str, Any]], dict[str, Any]]] = []
+        deferred: BaseException | None = None
         for line in lines:
             try:
                 request = json.loads(line.request or "null")
@@ -144,20 +163,30 @@ class JobRunner:
                 in_flight.append((line.line, self._submit(item, tokens), extras))
             except SchedulerClosedError:
                 return False
+            except TEMPORARY_FAILURES as exc:
+                deferred = exc
+                break  # the lines not submitted stay for the retry too
         for number, future, extras in in_flight:
             # Not started yet on a stop or a cancel: drop it (a stop leaves it for the restart).
             if (self._stopping.is_set() or self._cancelled(job_id)) and future.cancel():
                 continue
             try:
                 response = future.result()
-            except SchedulerClosedError:
-                # Shutting down: the line keeps no result and is resumed after the restart.
+            except TEMPORARY_FAILURES as exc:
+                # Not the line's fault: it keeps no result and is taken again (after the restart when
+                # shutting down).
+                if not isinstance(exc, SchedulerClosedError):
+                    deferred = exc
                 continue
             except Exception as exc:
                 self._record(job_id, number, False, error_object(exc))
                 continue
             self._record(job_id, number, True, {**response, **extras})
         self.store.finish_if_done(job_id)
+        if deferred is not None:
+            delay = self._retry_delay_s
+            logger.warning("job %s: lines left for a retry in %g s (%s)", job_id, delay, deferred)
+            self._stopping.wait(delay)
         return True
 
     def _cancelled(self, job_id: str) -> bool:

@@ -13,7 +13,8 @@ One process owns a database: opening it takes an exclusive ``flock`` on the side
 holds the owner's pid) for as long as the store is open. Two servers sharing a file would both resume its
 jobs, computing lines twice and answering one job with two models; the second is refused with
 :class:`JobStoreLocked` instead. The operating system drops the lock when its process dies, so a crashed
-server never blocks its restart.
+server never blocks its restart. On a filesystem that cannot lock (some FUSE, CIFS and NFS mounts) the store
+warns and runs unlocked.
 
 Every job records the model it was submitted to (:class:`JobModel`): the runner of a server only takes the
 jobs of its own model, so a job is never answered by two models; another model's jobs stay queued until a
@@ -25,8 +26,10 @@ module.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -55,9 +58,12 @@ __all__ = [
     "JobStoreLocked",
     "JobStoreUnavailable",
     "LineResult",
+    "TooManyActiveJobs",
     "lock_path_of",
     "owner_of",
 ]
+
+logger = logging.getLogger("clef_runtime.jobs")
 
 #: ``PRAGMA application_id`` of a clef-runtime jobs database ("CLFJ").
 APPLICATION_ID = 0x434C464A
@@ -125,6 +131,14 @@ class JobStoreLocked(JobStoreError):
 class JobStoreUnavailable(RuntimeError):
     """A write or read failed at run time (disk full, read-only file, I/O error): the job routes answer 503,
     the interactive routes are unaffected."""
+
+
+class TooManyActiveJobs(Exception):
+    """The owner already has ``limit`` jobs of this model queued or running (HTTP 429)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} jobs are already queued or running for this key on this model")
+        self.limit = limit
 
 
 class IdempotencyConflict(Exception):
@@ -281,11 +295,22 @@ class JobStore:
                 db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         elif version == 1:
-            # Version 1 had no model column: its jobs stay unclaimed (model NULL) until `claim_unbound`.
-            with self._transaction():
+            self._upgrade_from_v1()
+
+    def _upgrade_from_v1(self) -> None:
+        """Add the model columns: version 1's jobs stay unclaimed (model NULL) until `claim_unbound`."""
+        try:
+            with self._transaction() as db:
                 db.execute("ALTER TABLE jobs ADD COLUMN model TEXT")
                 db.execute("ALTER TABLE jobs ADD COLUMN model_ref TEXT")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.OperationalError as exc:
+            # The file is sound (its checks passed): it could not be written, so "damaged" would mislead.
+            raise JobStoreError(
+                f"the jobs database {self.path} is from an older release and could not be upgraded ({exc}); "
+                "is it read-only, or open in another program? Let this server write the file and its "
+                "directory and start again (nothing was changed), or point --jobs-db elsewhere"
+            ) from None
 
     def _release_ownership(self) -> None:
         if self._owner_fd is not None:
@@ -328,13 +353,16 @@ class JobStore:
         model: JobModel,
         body_digest: str,
         idempotency_key: str | None = None,
+        max_active: int | None = None,
     ) -> tuple[JobRecord, bool]:
         """Store a new job of ``model`` with its lines (lines refused at submission get their failed result at
         once).
 
         With ``idempotency_key``: the same key and body return the existing job (``created`` False); the
-        same key with another body raises :class:`IdempotencyConflict`. Returns ``(job, created)``.
-        Raises :class:`JobStoreUnavailable` when the write fails.
+        same key with another body raises :class:`IdempotencyConflict`. With ``max_active``: a new job is
+        refused with :class:`TooManyActiveJobs` when the owner already has that many of ``model`` queued or
+        running (a replayed key still returns its job). Returns ``(job, created)``. Raises
+        :class:`JobStoreUnavailable` when the write fails.
         """
         now = time.time()
         with self._guard(), self._transaction() as db:
@@ -349,6 +377,9 @@ class JobStore:
                     existing = self._get_locked(row["id"])
                     assert existing is not None
                     return existing, False
+            # Counted in the write transaction that inserts: two submissions at once cannot both pass.
+            if max_active is not None and self._active_locked(owner, model) >= max_active:
+                raise TooManyActiveJobs(max_active)
             job_id = "job_" + uuid.uuid4().hex
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             db.execute(
@@ -390,7 +421,11 @@ class JobStore:
 
     def claim_unbound(self, model: JobModel) -> int:
         """Bind the jobs that record no model (submitted before jobs recorded one) to ``model``: the server
-        that opens a migrated file first. Returns how many were bound."""
+        that opens a migrated file first. Returns how many were bound. Writes only when there are such jobs,
+        so a read-only or busy file that has none is not written. Raises :class:`JobStoreUnavailable`."""
+        with self._guard(), self._lock:
+            if self._db.execute("SELECT 1 FROM jobs WHERE model_ref IS NULL LIMIT 1").fetchone() is None:
+                return 0
         with self._guard(), self._transaction() as db:
             cursor = db.execute(
                 "UPDATE jobs SET model = ?, model_ref = ? WHERE model_ref IS NULL", (model.name, model.ref)
@@ -499,13 +534,16 @@ class JobStore:
         """Jobs of ``owner`` for ``model`` that are queued or running (another model's jobs wait for another
         server and take nothing from this one)."""
         with self._guard(), self._lock:
-            return int(
-                self._db.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE owner = ? AND model_ref = ? "
-                    "AND status IN ('queued', 'running')",
-                    (owner, model.ref),
-                ).fetchone()[0]
-            )
+            return self._active_locked(owner, model)
+
+    def _active_locked(self, owner: str, model: JobModel) -> int:
+        return int(
+            self._db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE owner = ? AND model_ref = ? "
+                "AND status IN ('queued', 'running')",
+                (owner, model.ref),
+            ).fetchone()[0]
+        )
 
     def next_lines(self, limit: int, model: JobModel) -> tuple[str, list[JobLine]] | None:
         """The oldest unfinished job of ``model`` and up to ``limit`` of its lines without a result, in line
@@ -548,14 +586,20 @@ class JobStore:
 
 
 def lock_path_of(path: Path) -> Path:
-    """The sidecar file whose lock marks the owner of the database ``path`` (``jobs.sqlite3.lock``)."""
-    return path.with_name(path.name + ".lock")
+    """The sidecar file whose lock marks the owner of the database ``path`` (``jobs.sqlite3.lock``), beside
+    the file the path resolves to: every symlink or relative spelling of one database shares one lock."""
+    resolved = path.resolve()
+    return resolved.with_name(resolved.name + ".lock")
+
+
+#: flock errors of a filesystem that cannot lock at all (some FUSE, CIFS and NFS mounts), not of a lock held.
+_NO_LOCKING = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK})
 
 
 def _take_ownership(path: Path) -> int | None:
     """Take the database's lock (non-blocking) and write this process's pid into the lock file. Returns the
-    descriptor that holds it (None where the platform has no flock). Raises :class:`JobStoreLocked` when
-    another open store holds it (in this process or another)."""
+    descriptor that holds it (None where the platform or the filesystem cannot lock). Raises
+    :class:`JobStoreLocked` when another open store holds it (in this process or another)."""
     if fcntl is None:
         return None
     lock_path = lock_path_of(path)
@@ -566,11 +610,24 @@ def _take_ownership(path: Path) -> int | None:
         pid = _pid_in(fd)
         os.close(fd)
         raise JobStoreLocked(path, pid) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in _NO_LOCKING:
+            raise
+        # Refusing to start would break servers that ran on such mounts before the lock existed.
+        logger.warning(
+            "cannot lock %s (%s): two servers on this file would not be detected", lock_path, exc.strerror
+        )
+        return None
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)  # the caller never gets the descriptor, so its lock would outlive the failed open
+        raise
     return fd
 
 

@@ -7,6 +7,9 @@ Three forms:
 - a Hugging Face repo id with an optional ``@revision``: ``Cloudflare/clef-flash`` defaults to the pinned
   revision, other repos to ``main``. Only the release files are fetched (never ``*.py``); with
   ``HF_HUB_OFFLINE=1`` only the local Hugging Face cache is consulted.
+
+`model_identity` names the weights a spec points to without resolving it (no download, no build): what
+batch jobs record, so that a job is only ever answered by the model it was submitted to.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from clef_runtime.release import CONFIG_FILE
 
 __all__ = [
     "TINY_SPEC",
+    "ModelIdentity",
     "ModelResolutionError",
     "ResolvedModel",
+    "model_identity",
     "resolve_model",
     "tiny_cache_path",
 ]
@@ -121,6 +126,51 @@ def _hf_cache_dir() -> Path:
 def _split_spec(spec: str) -> tuple[str, str | None]:
     repo_id, _, revision = spec.partition("@")
     return repo_id, (revision or None)
+
+
+def _is_pinned_repo(repo_id: str) -> bool:
+    return repo_id.lower() == PINNED_REPO_ID.lower()
+
+
+def _revision_of(repo_id: str, revision: str | None) -> str:
+    """The revision loaded for ``repo_id``: the one given, else the pinned one for Clef-flash, else main."""
+    if revision is not None:
+        return revision
+    return PINNED_REVISION if _is_pinned_repo(repo_id) else "main"
+
+
+def _local_dir(spec: str) -> Path | None:
+    """The resolved directory ``spec`` names, or None when it names none (a local directory wins over a repo
+    id of the same spelling)."""
+    local = Path(spec).expanduser()
+    return local.resolve() if local.is_dir() else None
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which weights a spec loads, known before they load: ``name`` as the spec gives it, ``ref`` the same
+    for every spelling of the same weights and different for other weights."""
+
+    name: str
+    ref: str
+
+
+def model_identity(spec: str) -> ModelIdentity:
+    """The identity of the ``--model`` value ``spec``, as `resolve_model` would resolve it: ``tiny`` by its
+    build (random weights differ between builds), a local directory by its resolved path, a Hugging Face
+    repo by its lower-cased id with its revision (the pinned one for Clef-flash, ``main`` for others). Any
+    other value stands for itself. Nothing is downloaded or built."""
+    spec = spec.strip()
+    if spec == TINY_SPEC:
+        return ModelIdentity(TINY_SPEC, tiny_cache_path().name)
+    local = _local_dir(spec)
+    if local is not None:
+        return ModelIdentity(local.name, str(local))
+    repo_id, revision = _split_spec(spec)
+    if repo_id.count("/") != 1:
+        return ModelIdentity(repo_id, spec)
+    # The Hub matches repo ids case-insensitively: every spelling of one repo loads the same weights.
+    return ModelIdentity(repo_id, f"{repo_id.lower()}@{_revision_of(repo_id, revision)}")
 
 
 def _is_tiny_dir(path: Path) -> bool:
@@ -234,10 +284,9 @@ def resolve_model(spec: str) -> ResolvedModel:
     if spec == TINY_SPEC:
         return ResolvedModel(path=_ensure_tiny(), name=TINY_SPEC, revision=None, is_tiny=True)
 
-    local = Path(spec).expanduser()
-    if local.is_dir():
-        resolved = local.resolve()
-        return ResolvedModel(path=resolved, name=resolved.name, revision=None, is_tiny=_is_tiny_dir(resolved))
+    local = _local_dir(spec)
+    if local is not None:
+        return ResolvedModel(path=local, name=local.name, revision=None, is_tiny=_is_tiny_dir(local))
 
     repo_id, revision = _split_spec(spec)
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -252,9 +301,8 @@ def resolve_model(spec: str) -> ResolvedModel:
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise not_a_spec from error
-    is_pinned_repo = repo_id.lower() == PINNED_REPO_ID.lower()
-    if revision is None:
-        revision = PINNED_REVISION if is_pinned_repo else "main"
+    is_pinned_repo = _is_pinned_repo(repo_id)
+    revision = _revision_of(repo_id, revision)
     path = _download(repo_id, revision)
     return ResolvedModel(
         path=path,

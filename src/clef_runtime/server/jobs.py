@@ -2,7 +2,8 @@
 validation of a submitted JSONL body.
 
 `JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file, or one
-another server owns, stops the server with a clear message); the runner starts once the model is ready and
+another server owns, stops the server with a clear message; a file it cannot write does not: the job routes
+answer 503 and the decision routes go on); the runner starts once the model is ready and
 resumes the unfinished jobs of this server's model (`job_model`): a job is only ever answered by the model
 it was submitted to.
 """
@@ -14,13 +15,11 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from clef_runtime.jobs.runner import JobRunner, error_object
-from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore
-from clef_runtime.model.checkpoint import PINNED_REPO_ID, PINNED_REVISION
-from clef_runtime.model.resolve import TINY_SPEC, tiny_cache_path
+from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore, JobStoreUnavailable
+from clef_runtime.model.resolve import model_identity
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import parse_request
@@ -133,21 +132,10 @@ def _line_errors(number: int, error: RequestValidationError) -> list[dict[str, A
 
 
 def job_model(spec: str) -> JobModel:
-    """The identity jobs record for the ``--model`` value ``spec``, known before the model loads (jobs are
-    accepted while it loads): ``tiny`` with its build (random weights differ between builds), a local
-    directory by its resolved path, a Hugging Face repo with its revision (the pinned one for Clef-flash,
-    ``main`` for others, as the loader resolves them)."""
-    spec = spec.strip()
-    if spec == TINY_SPEC:
-        return JobModel(TINY_SPEC, tiny_cache_path().name)
-    local = Path(spec).expanduser()
-    if local.is_dir():
-        resolved = local.resolve()
-        return JobModel(resolved.name, str(resolved))
-    repo, _, revision = spec.partition("@")
-    if not revision and repo.count("/") == 1:
-        revision = PINNED_REVISION if repo.lower() == PINNED_REPO_ID.lower() else "main"
-    return JobModel(repo, f"{repo}@{revision}" if revision else repo)
+    """The model jobs record for the ``--model`` value ``spec``, known before the model loads (jobs are
+    accepted while it loads): `model_identity`, the loader's own reading of the spec."""
+    identity = model_identity(spec)
+    return JobModel(identity.name, identity.ref)
 
 
 class JobsService:
@@ -167,14 +155,24 @@ class JobsService:
     @classmethod
     def open(cls, settings: ServerSettings, runtime: ServerRuntime) -> JobsService:
         """Open the store at ``settings.jobs_db_path`` and own it while the server runs. Raises JobStoreError
-        for a damaged or foreign file, JobStoreLocked when another server has it open."""
+        for a damaged or foreign file, JobStoreLocked when another server has it open. A file that cannot be
+        written (read-only, busy) opens all the same: the job routes answer 503 when they write."""
         model = job_model(settings.model)
         store = JobStore(settings.jobs_db_path)
-        claimed = store.claim_unbound(model)
-        if claimed:
-            logger.info("%d job(s) that recorded no model now belong to %s", claimed, model.label)
-        logger.info("batch jobs of model %s stored in %s", model.label, store.path)
-        return cls(settings, runtime, store, model)
+        try:
+            try:
+                claimed = store.claim_unbound(model)
+            except JobStoreUnavailable as exc:
+                # Startup must not depend on a write: the jobs stay unclaimed for the next server that can.
+                logger.warning("the jobs that recorded no model stay unclaimed by %s: %s", model.label, exc)
+            else:
+                if claimed:
+                    logger.info("%d job(s) that recorded no model now belong to %s", claimed, model.label)
+            logger.info("batch jobs of model %s stored in %s", model.label, store.path)
+            return cls(settings, runtime, store, model)
+        except BaseException:
+            store.close()  # drops the lock too, so a retry (or another server) can open the file
+            raise
 
     def describe(self, record: JobRecord) -> dict[str, Any]:
         """The API body of a job; an unfinished job of another model says why it does not move."""

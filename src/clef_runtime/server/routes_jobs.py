@@ -16,7 +16,13 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from clef_runtime.jobs.store import IdempotencyConflict, JobRecord, JobStoreUnavailable, owner_of
+from clef_runtime.jobs.store import (
+    IdempotencyConflict,
+    JobRecord,
+    JobStoreUnavailable,
+    TooManyActiveJobs,
+    owner_of,
+)
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.server.bodies import decode_content, read_body
 from clef_runtime.server.errors import ApiError, validation_error
@@ -164,18 +170,9 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
             },
             status_code=422,
         )
-    if (
-        idempotency_key is None
-        and await _store_call(service.store.active_count, owner, service.model) >= settings.jobs_max_active
-    ):
-        raise ApiError(
-            429,
-            "too_many_jobs",
-            f"{settings.jobs_max_active} jobs are already queued or running for this key on this model "
-            "(--jobs-max-active)",
-            headers={"Retry-After": "60"},
-        )
     try:
+        # The store checks the limit in the transaction that inserts, and only for a new job: a replayed
+        # Idempotency-Key gets its job back even at the limit.
         record, created = await _store_call(
             service.store.create,
             owner,
@@ -183,9 +180,14 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
             model=service.model,
             body_digest=parsed.digest,
             idempotency_key=idempotency_key,
+            max_active=settings.jobs_max_active,
         )
     except IdempotencyConflict as exc:
         raise ApiError(409, "idempotency_conflict", str(exc)) from None
+    except TooManyActiveJobs as exc:
+        raise ApiError(
+            429, "too_many_jobs", f"{exc} (--jobs-max-active)", headers={"Retry-After": "60"}
+        ) from None
     if created:
         service.runner.notify()
     return JSONResponse(service.describe(record), status_code=202 if created else 200)

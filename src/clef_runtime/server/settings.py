@@ -277,7 +277,7 @@ OPTIONS: tuple[Option, ...] = (
         "--jobs-max-active",
         "CLEF_JOBS_MAX_ACTIVE",
         parse_int,
-        "queued or running jobs per API key (default 16); one more gets 429",
+        "queued or running jobs per API key and model (default 16); one more new job gets 429",
         "N",
     ),
     Option(
