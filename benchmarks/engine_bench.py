@@ -15,8 +15,8 @@ Sections (``--sections``; all by default):
 
 - ``gemm``: the machine's GEMM limits (fp32, bf16, int8) over the model's own Linear shapes at each latency
   length T (best of the plan's repetitions per shape; `benchmarks.lib.gemm`), the yardstick for the
-  backbone's FLOP/s fraction at that T; without it the machine record measures small shapes only and no
-  fraction is reported;
+  backbone's FLOP/s fraction at that T (int8 layers, ``--weights int8``, against the int8 limit); without it
+  the machine record measures small shapes only and no fraction is reported;
 - ``latency``: one request at a time at T = 256, 512, 1k, 4k (16k with ``--full``) tokens, 2 questions:
   p50/p95 latency, tokens/s, time split (encode / backbone / head / answer), backbone FLOP/s as a fraction
   of the GEMM rate, peak RSS;
@@ -48,7 +48,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.lib.flags import engine_options, has_engine_option
-from benchmarks.lib.gemm import QUICK_SHAPES, gemm_limit, model_shapes
+from benchmarks.lib.gemm import QUICK_SHAPES, gemm_limit, linear_modules, model_shapes
 from benchmarks.lib.machine import load_average
 from benchmarks.lib.models import GEOMETRIES, resolve_model
 from benchmarks.lib.requests import STATE_WORDS, make_state
@@ -74,9 +74,12 @@ __all__ = [
     "MODES",
     "SECTIONS",
     "BenchPlan",
+    "GemmLimits",
     "ReferenceBaseline",
     "add_bench_arguments",
     "backbone_flops",
+    "int8_flops",
+    "linear_weights",
     "padding_waste",
     "render_markdown",
     "run_bench",
@@ -186,24 +189,34 @@ def _text_model(model: nn.Module) -> nn.Module:
     return getattr(model, "language_model", model)
 
 
+def linear_weights(model: nn.Module) -> tuple[int, int]:
+    """(floating, int8) weights of the decoder layers' Linear layers (`linear_modules`: `Int8Linear` is not
+    an ``nn.Linear``). The int8 ones run on int8 GEMMs (``--weights int8``) and are judged against that
+    limit."""
+    floating = int8 = 0
+    for module in linear_modules(_text_model(model).layers):
+        weights = module.in_features * module.out_features
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, Tensor) and weight.dtype == torch.int8:
+            int8 += weights
+        else:
+            floating += weights
+    return floating, int8
+
+
 def backbone_flops(model: nn.Module, tokens: int, context: int = 0) -> float:
     """Useful FLOPs of a prefill of ``tokens`` tokens after ``context`` cached ones on a Qwen3.5 text model.
 
-    Counted: every ``nn.Linear`` of the decoder layers (2 x weights per token); causal attention scores and
-    value mixing in the full-attention layers (4 x heads x head_dim per query-key pair, keys 1..t for the
-    query at position t); the Gated DeltaNet recurrence (6 x key_dim x value_dim per value head per token:
-    read-out, the delta correction and the state update); the depthwise causal convolution. Not counted:
-    norms, activations, gates, padding. Returns the total as a float.
+    Counted: every Linear layer of the decoder layers, int8 ones included (2 x weights per token, see
+    `linear_weights`); causal attention scores and value mixing in the full-attention layers (4 x heads x
+    head_dim per query-key pair, keys 1..t for the query at position t); the Gated DeltaNet recurrence (6 x
+    key_dim x value_dim per value head per token: read-out, the delta correction and the state update); the
+    depthwise causal convolution. Not counted: norms, activations, gates, padding. Returns the total as a
+    float.
     """
     text = _text_model(model)
     config = text.config
-    linear_weights = sum(
-        module.weight.numel()
-        for layer in text.layers
-        for module in layer.modules()
-        if isinstance(module, nn.Linear)
-    )
-    total = 2.0 * linear_weights * tokens
+    total = 2.0 * sum(linear_weights(text)) * tokens
     layer_types = list(config.layer_types)
     attention_layers = layer_types.count("full_attention")
     linear_layers = layer_types.count("linear_attention")
@@ -215,6 +228,12 @@ def backbone_flops(model: nn.Module, tokens: int, context: int = 0) -> float:
     conv_channels = 2 * config.linear_num_key_heads * key_dim + config.linear_num_value_heads * value_dim
     total += linear_layers * 2.0 * config.linear_conv_kernel_dim * conv_channels * tokens
     return total
+
+
+def int8_flops(model: nn.Module, tokens: int) -> float:
+    """The part of `backbone_flops` for ``tokens`` computed tokens that runs on int8 GEMMs (int8 operations,
+    2 x int8 weights per token); 0 for a model without int8 layers."""
+    return 2.0 * linear_weights(model)[1] * tokens
 
 
 # ----------------------------------------------------------------------------------------- workload
@@ -454,6 +473,7 @@ class ReferenceBaseline:
             "tokens": float(record.input_tokens),
             "backbone_tokens": float(record.input_tokens),
             "flops": backbone_flops(self.model, record.input_tokens),
+            "int8_flops": int8_flops(self.model, record.input_tokens),
         }
 
 
@@ -510,11 +530,12 @@ def engine_decide_batch(
     answer_s = float(getattr(timings, "answer_s", 0.0))
     # Useful FLOPs of what was computed: tokens served from a cached or shared state (the prompt prefix, a
     # state-cache hit) are taken from the front of the rows, spread evenly; padding is not counted.
-    flops = 0.0
+    flops = int8 = 0.0
     cached_share = max(0, total_tokens - computed) / len(records)
     for record in records:
         cached = min(record.input_tokens, round(cached_share))
         flops += backbone_flops(clef.backbone.model, record.input_tokens - cached, context=cached)
+        int8 += int8_flops(clef.backbone.model, record.input_tokens - cached)
     return responses, {
         "total_s": finished - started,
         "cpu_s": time.process_time() - cpu_started,
@@ -526,6 +547,7 @@ def engine_decide_batch(
         "tokens": float(total_tokens),
         "backbone_tokens": float(computed),
         "flops": flops,
+        "int8_flops": int8,
     }
 
 
@@ -536,11 +558,39 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+@dataclass(frozen=True)
+class GemmLimits:
+    """What the backbone's speed is judged against: the GEMM limit of its floating dtype (GFLOP/s) and, for
+    a model with int8 layers, the int8 one (GOP/s; None where it was not measured at the model's shapes),
+    both the best over the model's Linear shapes at ``tokens`` rows, or over every length measured when
+    ``tokens`` is None."""
+
+    gflops: float
+    int8_gops: float | None
+    tokens: int | None
+
+    def fraction(self, run: Mapping[str, float]) -> float | None:
+        """The time ``run``'s backbone work would take at these limits (its int8 operations at the int8
+        one, the rest at the floating one) over the time it took; None when it ran int8 operations and no
+        int8 limit was measured."""
+        int8 = run.get("int8_flops", 0.0)
+        if int8 and not self.int8_gops:
+            return None
+        ideal_s = (run["flops"] - int8) / (self.gflops * 1e9)
+        if int8 and self.int8_gops:
+            ideal_s += int8 / (self.int8_gops * 1e9)
+        return ideal_s / run["backbone_s"]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"gflops", "int8_gops", "tokens"}`` (``tokens`` null: the best limit over every T measured)."""
+        return {"gflops": self.gflops, "int8_gops": self.int8_gops, "tokens": self.tokens}
+
+
 def summarize(
-    runs: Sequence[dict[str, float]], gemm_gflops: float | None, peak_rss_mib: float
+    runs: Sequence[dict[str, float]], limits: GemmLimits | None, peak_rss_mib: float
 ) -> dict[str, Any]:
     """Aggregate timed runs of one side: latency percentiles and spread, throughput, medians of the split,
-    FLOP fraction of the GEMM limit ``gemm_gflops`` (median over runs and best run), peak RSS."""
+    the backbone's fraction of the GEMM ``limits`` (median over runs and best run), peak RSS."""
     totals = [run["total_s"] for run in runs]
     seconds = sum(totals)
     summary: dict[str, Any] = {
@@ -567,11 +617,13 @@ def summarize(
         )
         rates = [run["flops"] / run["backbone_s"] / 1e9 for run in backbone]
         summary["backbone_gflops"] = round(statistics.median(rates), 1)
-        if gemm_gflops:
-            summary["backbone_gemm_fraction"] = _round(statistics.median(rates) / gemm_gflops)
+        fractions = [limits.fraction(run) for run in backbone] if limits else []
+        judged = [fraction for fraction in fractions if fraction is not None]
+        if judged and len(judged) == len(fractions):
+            summary["backbone_gemm_fraction"] = _round(statistics.median(judged))
             # Best run against the best GEMM run: both as little disturbed by other jobs as this run saw.
-            summary["backbone_gemm_fraction_spread"] = spread(rate / gemm_gflops for rate in rates)
-            summary["best_backbone_gemm_fraction"] = _round(max(rates) / gemm_gflops)
+            summary["backbone_gemm_fraction_spread"] = spread(judged)
+            summary["best_backbone_gemm_fraction"] = _round(max(judged))
     non_backbone = [
         (run["total_s"] - run["backbone_s"]) / run["total_s"] for run in runs if run["total_s"] > 0
     ]
@@ -604,16 +656,18 @@ class _Context:
     seed: int
     progress: Callable[[str], None]
     parity: list[float] = field(default_factory=list)
+    int8_limits: dict[int, float] | None = None
+    """The int8 GEMM limit (GOP/s) at each latency T where it was measured, for a model with int8 layers."""
 
-    def limit_at(self, tokens: int | None = None) -> float | None:
-        """The limit at ``tokens`` rows where it was measured, else the best over every T measured."""
+    def limit_at(self, tokens: int | None = None) -> GemmLimits | None:
+        """The limits at ``tokens`` rows (a latency T: measured there), or with None the best over every T
+        measured: a batch or a request of another length is not judged against one length's limit."""
         if not self.gemm_limits:
             return None
-        return (
-            self.gemm_limits.get(tokens, max(self.gemm_limits.values()))
-            if tokens
-            else max(self.gemm_limits.values())
-        )
+        int8 = self.int8_limits or {}
+        if tokens is None:
+            return GemmLimits(max(self.gemm_limits.values()), max(int8.values(), default=None), None)
+        return GemmLimits(self.gemm_limits[tokens], int8.get(tokens), tokens)
 
 
 def _response_numbers(response: dict[str, Any]) -> list[float]:
@@ -645,7 +699,8 @@ def _side_by_side(
 ) -> dict[str, Any]:
     """Run each workload group once on the engine (one batched call) and on the baseline (one request at
     a time), alternating which side goes first; returns both summaries, the speedup and the load average.
-    ``tokens``: the request length, whose GEMM limit the FLOP fractions use (default: the best over all)."""
+    ``tokens``: the request length (a latency T), whose GEMM limits the FLOP fractions use (default: the
+    best over every T measured, recorded as ``gemm_limit.tokens`` null)."""
     engine_runs: list[dict[str, float]] = []
     baseline_runs_done: list[dict[str, float]] = []
     engine_peak = baseline_peak = 0.0
@@ -693,6 +748,7 @@ def _side_by_side(
     return {
         "engine": engine,
         "baseline": baseline,
+        "gemm_limit": gemm.as_dict() if gemm else None,
         "speedup_p50": _speedup(engine, baseline),
         # Baseline / engine for each repetition (both sides ran the same workload in it).
         "speedup_spread": spread(ref / own for ref, own in paired if own > 0) if limit else None,
@@ -807,12 +863,13 @@ def section_state_cache(context: _Context, cache_enabled: bool) -> dict[str, Any
                 )
                 runs["baseline"].append(timing)
                 _record_parity(context, responses[0], baseline_response)
-    summaries = {
-        side: summarize(side_runs, context.limit_at(), peaks[side]) for side, side_runs in runs.items()
-    }
+    # Judged against the best limit over every T measured (the state is not one of the latency lengths).
+    limits = context.limit_at()
+    summaries = {side: summarize(side_runs, limits, peaks[side]) for side, side_runs in runs.items()}
     warm_p50, warm_min = summaries["warm"]["p50_s"], summaries["warm"]["min_s"]
     return {
         "available": cache_enabled,
+        "gemm_limit": limits.as_dict() if limits else None,
         "state_tokens": plan.cache_state_tokens,
         "schema_tokens_p50": statistics.median(schema_tokens),
         **summaries,
@@ -1075,9 +1132,11 @@ def _markdown_header(report: dict[str, Any]) -> list[str]:
             "",
             f"GEMM limit measured in this run: **{gemm['limit_gflops']} GFLOP/s** {gemm['dtype']}, the best "
             f"over the model's {gemm['linear_shapes']} Linear shapes at each request length (best of "
-            f"{gemm['repeats']} per shape; per length {per_tokens}). Each backbone fraction is taken "
-            "against the limit at its own length.",
+            f"{gemm['repeats']} per shape; per length {per_tokens}). Each latency row's backbone fraction "
+            "is taken against the limit at its own length (the JSON's questions, concurrency and state-cache "
+            "fractions against the best limit over every length: `gemm_limit.tokens` null).",
         ]
+        lines += _markdown_int8_limit(gemm, model)
     if report.get("baseline_description"):
         lines += ["", f"Baseline (figures in parentheses): {report['baseline_description']}"]
     if report.get("parity_max_abs_diff") is not None:
@@ -1106,6 +1165,28 @@ def _markdown_header(report: dict[str, Any]) -> list[str]:
                 )
             )
     return lines
+
+
+def _markdown_int8_limit(gemm: dict[str, Any], model: dict[str, Any]) -> list[str]:
+    """How a backbone with int8 layers is judged (nothing for one without)."""
+    int8_weights = model.get("backbone_int8_linear_parameters") or 0
+    if not int8_weights:
+        return []
+    share = f"{int8_weights / 1e6:,.1f} M of the {model['backbone_linear_parameters'] / 1e6:,.1f} M"
+    if not gemm.get("int8_limit_by_tokens"):
+        return [
+            "",
+            f"The backbone has int8 layers ({share} linear weights) and no int8 GEMM rate was measured at "
+            "its shapes on this device: no backbone fraction is given.",
+        ]
+    per_tokens = ", ".join(f"T={tokens}: {value}" for tokens, value in gemm["int8_limit_by_tokens"].items())
+    return [
+        "",
+        f"int8 layers ({share} linear weights) are judged against the int8 GEMM limit, "
+        f"**{gemm['int8_limit_gops']} GOP/s** (per length {per_tokens}): a backbone fraction is the time its "
+        "work would take with the int8 layers at that limit and the rest at the "
+        f"{gemm['dtype']} one, over the time it took.",
+    ]
 
 
 def _table(
@@ -1354,7 +1435,15 @@ def _state_cache_on(options: EngineOptions) -> bool:
 def _judged_limits(
     gemm: dict[str, Any], model: nn.Module, tokens: Sequence[int], dtype: str
 ) -> dict[int, float]:
-    return {count: gemm_limit(gemm, dtype, model_shapes(model, [count])) for count in tokens}
+    """The limit of ``dtype`` over the model's Linear shapes at each of ``tokens`` rows where it was
+    measured (a device may lack an int8 kernel for some shapes: that T is left out)."""
+    limits = {}
+    for count in tokens:
+        try:
+            limits[count] = gemm_limit(gemm, dtype, model_shapes(model, [count]))
+        except KeyError:
+            continue
+    return limits
 
 
 def _describe_model(model: str, clef: Any) -> str:
@@ -1431,6 +1520,17 @@ def run_suite(
         if "gemm" in sections
         else None
     )
+    floating_weights, int8_weights = linear_weights(text)
+    int8_limits = (
+        _judged_limits(report["machine"]["gemm"], text.layers, tokens, "int8")
+        if limits and int8_weights
+        else None
+    )
+    if limits and int8_weights and len(int8_limits or {}) < len(tokens):
+        skipped.append(
+            "backbone % of the GEMM limit where no int8 GEMM rate was measured at the model's shapes "
+            f"(T = {sorted(set(tokens) - set(int8_limits or {}))}): its int8 layers cannot be judged"
+        )
     context = _Context(
         clef=clef,
         baseline=baseline,
@@ -1439,6 +1539,7 @@ def run_suite(
         device=device_used,
         seed=seed,
         progress=say,
+        int8_limits=int8_limits,
     )
 
     # Warm both paths once (lazy initialisation, allocator growth) before anything is timed.
@@ -1489,12 +1590,8 @@ def run_suite(
                 ],
                 "vocab_size": config.vocab_size,
                 "backbone_parameters": backbone.num_parameters,
-                "backbone_linear_parameters": sum(
-                    module.weight.numel()
-                    for layer in text.layers
-                    for module in layer.modules()
-                    if isinstance(module, nn.Linear)
-                ),
+                "backbone_linear_parameters": floating_weights + int8_weights,
+                "backbone_int8_linear_parameters": int8_weights,
                 "backbone_dtype": str(backbone.dtype),
                 "head_config": clef.head.config,
                 "head_parameters": head_parameters,
@@ -1522,6 +1619,10 @@ def run_suite(
                     "linear_shapes": len(shapes) // len(tokens),
                     "limit_gflops": max(limits.values()),
                     "limit_by_tokens": {str(count): value for count, value in limits.items()},
+                    "int8_limit_gops": max(int8_limits.values()) if int8_limits else None,
+                    "int8_limit_by_tokens": (
+                        {str(count): value for count, value in int8_limits.items()} if int8_limits else None
+                    ),
                 }
                 if limits
                 else None

@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import argparse
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from clef_runtime.options import EngineOptions
+from clef_runtime.scale import ray_serve
 from clef_runtime.scale.settings import RaySettings
 from clef_runtime.serve_command import (
     ALL_SERVE_OPTIONS,
     EXIT_CANNOT_LISTEN,
+    CannotListenError,
     add_serve_arguments,
+    listen,
     run_serve,
     serve,
 )
+from clef_runtime.server import app as app_module
 from clef_runtime.server.settings import ServerSettings, settings_from_namespace
 from tests.server.fake_engine import FakeClef
 
@@ -110,6 +114,7 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
         (["--max-queue", "0"], {}, "--max-queue must be at least 1"),
         (["--replicas", "0"], {}, "--replicas and --ray-max-owner-queue must be at least 1"),
         (["--min-replicas", "3", "--max-replicas", "2"], {}, "--max-replicas must be at least 1"),
+        (["--max-replicas", "0"], {}, "--max-replicas must be at least 1"),
         ([], {"CLEF_RAY_NUM_CPUS": "many"}, "CLEF_RAY_NUM_CPUS"),
         ([], {"CLEF_RAY_ROUTING": "random"}, "CLEF_RAY_ROUTING"),
     ],
@@ -156,13 +161,46 @@ def test_a_port_in_use_is_one_clear_line_and_exit_1(
 
 @pytest.mark.parametrize("ray", [False, True], ids=["plain", "ray"])
 def test_clef_serve_checks_the_port_before_starting_anything(
-    taken_port: int, ray: bool, capsys: pytest.CaptureFixture[str]
+    taken_port: int, ray: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # With --ray too: Ray Serve's proxy would only find out after Ray and the replicas started.
+    started: list[str] = []
+
+    def never(what: str) -> Callable[..., Any]:
+        def refuse(*args: Any) -> Any:
+            started.append(what)
+            raise AssertionError(f"{what} must not start when the port cannot be bound")
+
+        return refuse
+
+    # Stand-ins that fail loudly: a regression must not load the model or leave a Ray cluster running.
+    monkeypatch.setattr(app_module, "load_clef", never("the model"))
+    monkeypatch.setattr(ray_serve, "run_ray_serve", never("Ray Serve"))
     argv = ["--model", "tiny", "--port", str(taken_port), *(["--ray"] if ray else [])]
     assert run_serve(parser().parse_args(argv), environ={}) == 1
     err = capsys.readouterr().err
     assert f"127.0.0.1:{taken_port} is already in use" in err and "--port" in err and "Errno" not in err
+    assert started == []
+
+
+def test_two_servers_cannot_both_take_one_port() -> None:
+    # Both sockets set SO_REUSEADDR: on Linux the second bind succeeds unless the first already listens.
+    with listen("127.0.0.1", 0) as first:
+        port = first.getsockname()[1]
+        with pytest.raises(CannotListenError, match=f"127.0.0.1:{port} is already in use"):
+            listen("127.0.0.1", port).close()
+
+
+def test_serve_closes_its_socket_when_the_app_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no app")
+
+    monkeypatch.setattr(app_module, "create_app", broken)
+    sock = listen("127.0.0.1", 0)
+    settings = ServerSettings(model="fake", port=sock.getsockname()[1], jobs=False)
+    with pytest.raises(RuntimeError, match="no app"):
+        serve(settings, engine_factory=lambda s: NeverLoaded(), sock=sock)
+    assert sock.fileno() == -1
 
 
 def test_an_address_of_another_machine_is_named(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ than the one shape measured would otherwise sit above "100%".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "STANDARD_SHAPES",
     "GemmShape",
     "gemm_limit",
+    "linear_modules",
     "linear_shapes",
     "measure_gemm",
     "model_shapes",
@@ -68,14 +69,21 @@ QUICK_SHAPES: tuple[GemmShape, ...] = (
 )
 
 
-def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
-    """The distinct ``(in, out)`` sizes of the Linear layers in ``model`` (int8 ones included: anything with
-    ``in_features`` / ``out_features``), in order of first appearance."""
-    seen: dict[tuple[int, int], None] = {}
+def linear_modules(model: nn.Module) -> Iterator[nn.Module]:
+    """The Linear layers of ``model``: every module with integer ``in_features`` / ``out_features`` (an
+    ``nn.Linear``, and `Int8Linear`, which is a plain ``nn.Module``)."""
     for module in model.modules():
         inner, outer = getattr(module, "in_features", None), getattr(module, "out_features", None)
         if isinstance(inner, int) and isinstance(outer, int):
-            seen.setdefault((inner, outer), None)
+            yield module
+
+
+def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The distinct ``(in, out)`` sizes of the Linear layers in ``model`` (`linear_modules`), in order of
+    first appearance."""
+    seen: dict[tuple[int, int], None] = {}
+    for module in linear_modules(model):
+        seen.setdefault((module.in_features, module.out_features), None)
     return list(seen)
 
 

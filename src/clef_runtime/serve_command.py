@@ -48,6 +48,8 @@ EXIT_CANNOT_LISTEN = 1
 settings are valid (that would be 2), the machine refuses them."""
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+_BACKLOG = 2048
+"""Pending connections the kernel queues before uvicorn accepts them (uvicorn's own default)."""
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,13 +62,17 @@ class CannotListenError(Exception):
     """The server's address cannot be bound; the message names it and says what to do."""
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (IPv6 for a host with a colon), for uvicorn to listen on. Raises
-    :class:`CannotListenError`."""
+def listen(host: str, port: int, backlog: int = _BACKLOG) -> socket.socket:
+    """A socket bound to ``host:port`` (IPv6 for a host with a colon) and listening, for uvicorn to serve
+    on. Raises :class:`CannotListenError`."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listening now, not when uvicorn starts: on Linux two sockets with SO_REUSEADDR may both bind one
+        # address as long as neither listens, so a second server started at the same time would pass the
+        # bind and fail only inside uvicorn, after its model began to load.
+        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -89,19 +95,28 @@ def serve(
 
     Returns 0 after a graceful stop, 1 if the address cannot be bound (one line on stderr says why) or the
     model failed to load. ``engine_factory`` (tests, embedding) replaces ``Clef.load``; ``sock``: the
-    socket :func:`listen` bound to the settings' address (default: bound here).
+    socket :func:`listen` bound to the settings' address (default: bound here). The socket is closed on
+    return, whatever happened.
     """
-    import uvicorn
-
-    from clef_runtime.jobs.store import JobStoreError
-    from clef_runtime.server.app import create_app
-
     if sock is None:
         # Bound first: a port in use fails at once, before the model loads.
         try:
             sock = listen(settings.host, settings.port)
         except CannotListenError as exc:
             return _cannot_listen(exc)
+    try:
+        return _serve_on(sock, settings, engine_factory)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, settings: ServerSettings, engine_factory: EngineFactory | None) -> int:
+    """:func:`serve` on a listening socket (its caller closes it)."""
+    import uvicorn
+
+    from clef_runtime.jobs.store import JobStoreError
+    from clef_runtime.server.app import create_app
+
     fatal: list[BaseException] = []
     server_box: list[uvicorn.Server] = []
 
@@ -113,7 +128,6 @@ def serve(
     try:
         app = create_app(settings, engine_factory=engine_factory, on_fatal=on_fatal)
     except JobStoreError as exc:
-        sock.close()
         logger.error("%s", exc)
         return 1
     config = uvicorn.Config(
@@ -143,7 +157,6 @@ def serve(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        sock.close()
     if fatal:
         # The loader has logged what failed and what to do.
         logger.info("exiting with status 1: the model could not be loaded")

@@ -174,6 +174,73 @@ def test_medium_geometry_is_the_release_pattern_scaled_down() -> None:
     assert split == pytest.approx(backbone_flops(model, 100), rel=1e-12)
 
 
+@pytest.fixture(scope="module")
+def tiny_int8() -> Clef:
+    """The tiny model with ``--weights int8``: its layers 1-3 are `Int8Linear` (not ``nn.Linear``)."""
+    return Clef.load("tiny", engine_options(weights="int8", cache_mb=0))
+
+
+def test_the_flop_count_includes_the_int8_layers(tiny_clef: Clef, tiny_int8: Clef) -> None:
+    exact, quantised = tiny_clef.backbone.model, tiny_int8.backbone.model
+    floating, int8 = engine_bench.linear_weights(quantised)
+    assert floating > 0 and int8 > 0  # a mix: the first layer stays fp32
+    assert floating + int8 == sum(engine_bench.linear_weights(exact)) == engine_bench.linear_weights(exact)[0]
+    # Quantising changes how the work runs, not how much of it there is.
+    assert backbone_flops(quantised, 100) == backbone_flops(exact, 100)
+    assert engine_bench.int8_flops(quantised, 100) == 2 * 100 * int8
+    assert engine_bench.int8_flops(exact, 100) == 0
+
+
+def test_int8_work_is_judged_against_the_int8_limit() -> None:
+    limits = engine_bench.GemmLimits(gflops=100.0, int8_gops=400.0, tokens=512)
+    # 1 GFLOP at 100 GFLOP/s and 2 GOP at 400 GOP/s: 15 ms at the limits, in 500 ms.
+    run = {"flops": 3e9, "int8_flops": 2e9, "backbone_s": 0.5}
+    assert limits.fraction(run) == pytest.approx(0.015 / 0.5, rel=1e-12)
+    assert limits.fraction({"flops": 3e9, "backbone_s": 0.5}) == pytest.approx(0.03 / 0.5, rel=1e-12)
+    # int8 work and no int8 limit measured: no fraction rather than one against the wrong limit.
+    assert engine_bench.GemmLimits(100.0, None, 512).fraction(run) is None
+    runs = [{"total_s": 1.0, "tokens": 512.0, "backbone_tokens": 512.0, **run}]
+    assert engine_bench.summarize(runs, limits, 0.0)["backbone_gemm_fraction"] == pytest.approx(0.03)
+    assert "backbone_gemm_fraction" not in engine_bench.summarize(
+        runs, engine_bench.GemmLimits(100.0, None, 1), 0.0
+    )
+
+
+def test_sections_of_other_lengths_are_judged_against_the_best_limit_over_every_length() -> None:
+    context = engine_bench._Context(
+        clef=None,
+        baseline=None,
+        plan=engine_bench.PLANS["quick"],
+        gemm_limits={256: 50.0, 512: 80.0},
+        device=torch.device("cpu"),
+        seed=0,
+        progress=print,
+        int8_limits={512: 300.0},
+    )
+    assert context.limit_at(256) == engine_bench.GemmLimits(50.0, None, 256)
+    assert context.limit_at(512) == engine_bench.GemmLimits(80.0, 300.0, 512)
+    assert context.limit_at() == engine_bench.GemmLimits(80.0, 300.0, None)
+    assert context.limit_at().as_dict() == {"gflops": 80.0, "int8_gops": 300.0, "tokens": None}
+
+
+@pytest.mark.slow
+def test_an_int8_run_reports_the_int8_limit_and_judges_against_it() -> None:
+    report = engine_bench.run_suite(
+        "tiny", mode="quick", sections=["gemm", "latency"], options=engine_options(weights="int8", cache_mb=0)
+    )
+    model, gemm = report["model"], report["gemm"]
+    assert 0 < model["backbone_int8_linear_parameters"] < model["backbone_linear_parameters"]
+    assert set(gemm["int8_limit_by_tokens"]) == {"256", "512", "1024"}
+    for tokens, value in report["sections"]["latency"].items():
+        assert value["gemm_limit"] == {
+            "gflops": gemm["limit_by_tokens"][tokens],
+            "int8_gops": gemm["int8_limit_by_tokens"][tokens],
+            "tokens": int(tokens),
+        }
+        assert value["engine"]["backbone_gemm_fraction"] > 0
+    assert "judged against the int8 GEMM limit" in engine_bench.render_markdown(report)
+
+
 def test_random_checkpoint_of_another_geometry(tmp_path: Path) -> None:
     overrides = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 8, "head_dim": 16}
     head = {"hidden_size": 32, "width": 16, "routing_layers": 1, "layers": 1, "heads": 2, "feedforward": 32}

@@ -101,6 +101,32 @@ def test_list_items_are_named_with_their_index() -> None:
     assert plain_error(error)["msg"] == "options[1] must be a string, got a number"
 
 
+class Limits(BaseModel):
+    limit: int = 1
+
+
+class Request(BaseModel):
+    """Shaped like FastAPI's request parameters: the first location part says where a value came from."""
+
+    query: Limits = Limits()
+    body: Limits = Limits()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # Every query value is a string: its kind says nothing, the value itself does.
+        ({"query": {"limit": "abc"}}, "limit must be an integer, got 'abc'"),
+        ({"body": {"limit": "abc"}}, "limit must be an integer, got a string"),
+    ],
+)
+def test_a_query_value_is_shown_a_body_value_named_by_kind(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Request.model_validate(data)
+    (error,) = raised.value.errors()
+    assert plain_error(error)["msg"] == message
+
+
 _PYDANTIC_PHRASES = (
     "should",
     "after validation",

@@ -27,6 +27,8 @@ def test_defaults() -> None:
         False,
     )
     assert RaySettings(max_replicas=4).autoscaling
+    # The smallest valid ranges: one replica at most, from one or from none.
+    assert RaySettings(max_replicas=1).autoscaling and RaySettings(min_replicas=0, max_replicas=1).autoscaling
 
 
 @pytest.mark.parametrize(
@@ -39,6 +41,8 @@ def test_defaults() -> None:
             {"min_replicas": 3, "max_replicas": 2},
             "--max-replicas must be at least 1 and at least --min-replicas",
         ),
+        ({"max_replicas": 0}, "--max-replicas must be at least 1"),
+        ({"min_replicas": 0, "max_replicas": 0}, "--max-replicas must be at least 1"),
         ({"ray_routing": "random"}, "--ray-routing must be state-affinity or power-of-two"),
         ({"ray_num_gpus": -1}, "--ray-num-gpus"),
     ],

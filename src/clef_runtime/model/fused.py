@@ -14,8 +14,12 @@ kernels (`clef_runtime.model.kernels`) replace the DeltaNet forward and use neit
 transformers warns, the first time a reference function runs, that ``causal_conv1d`` or
 ``flash-linear-attention`` should be installed for speed. Both are CUDA-only: on CPU the advice cannot be
 followed (the per-token steps the CPU kernels leave to transformers are the only implementation there), so
-`quiet_fallback_advice` drops that warning while no model of the process is on an accelerator, and keeps it
-once one is, where it says something true.
+`quiet_fallback_advice` drops that warning while no model of the process is on an accelerator, and lets it
+through once one is, where it says something true. transformers emits each such message once per process
+(``warning_once`` is memoized on its arguments), so a message dropped while only CPU models ran is used up:
+a CUDA model loaded later in the same process does not repeat it. A server or CLI run loads one model on one
+device, which this does not affect; every load on an accelerator logs `fused_kernels_status` (what is
+installed and in use) at INFO either way.
 """
 
 from __future__ import annotations
@@ -122,8 +126,9 @@ _FILTER = _FallbackAdviceFilter()
 
 def quiet_fallback_advice(device_type: str) -> None:
     """Note that a model is loaded on ``device_type`` (``"cpu"``, ``"cuda"``, ...): transformers' advice to
-    install the fused packages is dropped while only CPU models are loaded (it cannot apply there) and kept
-    from the first model on an accelerator on. Idempotent."""
+    install the fused packages is dropped while only CPU models are loaded (it cannot apply there) and let
+    through from the first model on an accelerator on. A message already dropped is not shown again:
+    transformers emits each one once per process (see the module docstring). Idempotent."""
     with _LOCK:
         _devices.add(device_type)
         logger = logging.getLogger(FALLBACK_LOGGER)

@@ -69,8 +69,18 @@ def _size(err: Mapping[str, Any]) -> str:
     return "more" if actual is None else str(actual)
 
 
+_TEXT_SOURCES = ("query", "header", "path", "cookie")
+"""Where every value arrives as a string (FastAPI's first location part): its kind says nothing."""
+
+
 def _must_be(what: str) -> Callable[[str, Mapping[str, Any]], str]:
-    return lambda field, err: f"{field} must be {what}, got {_kind(err.get('input'))}"
+    def phrase(field: str, err: Mapping[str, Any]) -> str:
+        value = err.get("input")
+        loc = err.get("loc") or ("",)
+        got = _shown(value) if loc[0] in _TEXT_SOURCES else _kind(value)
+        return f"{field} must be {what}, got {got}"
+
+    return phrase
 
 
 def _bound(relation: str, key: str) -> Callable[[str, Mapping[str, Any]], str]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
+from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.options import EngineOptions
 from clef_runtime.scale.settings import RaySettings, split_ray_values
@@ -165,6 +166,10 @@ class IngressEngine:
         return dict(totals)
 
 
+class ReplicasUnavailableError(ApiError, RetryLaterError):
+    """No replica could answer (two died): a 503 for an interactive request, a later try for a job line."""
+
+
 class ReplicaDispatcher:
     """Sends each prepared request to a model replica (the handle's router picks it by state key) and
     retries once on another replica when the one it ran on died. At most ``max_queue`` requests in flight."""
@@ -216,7 +221,7 @@ class ReplicaDispatcher:
                     logger.warning("a replica died with a request in flight (%s); retrying on another", exc)
                     continue
                 logger.warning("the retry's replica died too (%s); answering 503", exc)
-        raise ApiError(
+        raise ReplicasUnavailableError(
             503,
             "not_ready",
             "no model replica could answer (two died); retry shortly",

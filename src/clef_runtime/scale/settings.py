@@ -49,11 +49,10 @@ class RaySettings:
             problems.append("--replicas and --ray-max-owner-queue must be at least 1")
         if self.min_replicas is not None and self.min_replicas < 0:
             problems.append(f"--min-replicas must be >= 0, got {self.min_replicas}")
-        if (
-            self.min_replicas is not None
-            and self.max_replicas is not None
-            and self.max_replicas < max(1, self.min_replicas)
-        ):
+        # Checked alone too: autoscaling starts from 1 replica without --min-replicas, and Ray Serve would
+        # refuse a maximum below that only after Ray has started.
+        low = self.min_replicas if self.min_replicas is not None else 1
+        if self.max_replicas is not None and self.max_replicas < max(1, low):
             problems.append("--max-replicas must be at least 1 and at least --min-replicas")
         if self.ray_routing not in ROUTINGS:
             problems.append(f"--ray-routing must be state-affinity or power-of-two, got {self.ray_routing!r}")

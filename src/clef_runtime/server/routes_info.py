@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from clef_runtime.server.engine_queries import EngineQueryError
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
 from clef_runtime.server.metrics import CONTENT_TYPE
@@ -65,7 +65,8 @@ async def health(request: Request) -> dict[str, Any]:
     "/ready",
     summary="Readiness: 200 once the model is loaded and warmed, else 503",
     description="200 once decisions can be served; 503 with `Retry-After` while the model loads (or after it "
-    "failed to load). Use it as a readiness probe. No API key needed.",
+    "failed to load), and with model replicas (`clef serve --ray`) while none runs or the cluster cannot say "
+    "within a few seconds. Use it as a readiness probe. No API key needed.",
     responses={
         200: json_example("Ready for decisions", {"status": "ready", "model": "clef-flash"}),
         503: ERROR_RESPONSES[503],
@@ -77,7 +78,15 @@ async def ready(request: Request) -> dict[str, Any]:
     runtime = runtime_of(request)
     engine = runtime.require_ready()
     body: dict[str, Any] = {"status": "ready", "model": engine.name}
-    replicas = await anyio.to_thread.run_sync(engine.replica_status)  # it may ask a cluster: off the loop
+    try:
+        # It may ask a cluster: bounded in threads and time (server.engine_queries).
+        replicas = await runtime.engine_queries.ask(engine.replica_status)
+    except EngineQueryError as exc:
+        # A cluster that cannot say how many replicas run (Serve's controller busy, the application being
+        # deployed or replaced) cannot promise an answer either.
+        raise ApiError(
+            503, "not_ready", f"the model replicas cannot be counted: {exc}", headers={"Retry-After": "5"}
+        ) from None
     if replicas is not None:
         body["replicas"] = {"up": replicas.up, "target": replicas.target}
         if replicas.up == 0:
@@ -94,9 +103,7 @@ async def ready(request: Request) -> dict[str, Any]:
 )
 async def metrics(request: Request) -> Response:
     """The Prometheus text exposition (requests, latency, tokens, batches, queue, state cache)."""
-    # Off the event loop: the state-cache figures may come from the model replicas over the network.
-    text = await anyio.to_thread.run_sync(runtime_of(request).metrics.render)
-    return Response(text, media_type=CONTENT_TYPE)
+    return Response(await runtime_of(request).render_metrics(), media_type=CONTENT_TYPE)
 
 
 @router.get(

@@ -9,20 +9,21 @@ that only lets the browser talk to this server, so a page can make no request to
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import re
 import time
 from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from clef_runtime.engine.contract import ReplicaStatus
+from clef_runtime.server.engine_queries import EngineQueryError
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.handling import runtime_of
 from clef_runtime.server.openapi_docs import json_example
@@ -32,6 +33,8 @@ from clef_runtime.version import __version__
 __all__ = ["PAGE_CSP", "STATIC_FILES", "VENDOR_FILES", "docs_csp", "router"]
 
 router = APIRouter()
+
+T = TypeVar("T")
 
 _STARTED = time.time()
 
@@ -159,15 +162,18 @@ async def status_json(request: Request) -> JSONResponse:
     counters plus ``hit_rate`` (hits / lookups, null before the first lookup), or null for an engine
     without a state cache. ``replicas`` is null for an engine in this process; with model replicas
     (``clef serve --ray``) it holds ``up`` and ``target`` and, for each running replica that has answered,
-    its id, process id and state cache (``state_cache`` is then their sum).
+    its id, process id and state cache (``state_cache`` is then their sum). Either is also null when the
+    cluster cannot tell within a few seconds (``/ready`` is then 503 and says why).
     """
     runtime = runtime_of(request)
     engine = runtime.engine
-    stats: Mapping[str, int] = {}
+    stats: Mapping[str, int] | None = None
     replicas: ReplicaStatus | None = None
     if engine is not None:
-        # Off the event loop: a scale-out engine asks its replicas over the network.
-        stats, replicas = await anyio.to_thread.run_sync(_engine_figures, engine)
+        # A scale-out engine asks its replicas over the network: bounded in threads and time. Figures that
+        # cannot be read show as unknown (null); /ready says what is wrong.
+        with contextlib.suppress(EngineQueryError):
+            stats, replicas = await runtime.engine_queries.ask(lambda: _engine_figures(engine))
     return JSONResponse(
         {
             "model": runtime.settings.model if engine is None else engine.name,
@@ -187,11 +193,20 @@ async def status_json(request: Request) -> JSONResponse:
     )
 
 
-def _engine_figures(engine: Engine) -> tuple[Mapping[str, int], ReplicaStatus | None]:
-    return engine.cache_stats(), engine.replica_status()
+def _engine_figures(engine: Engine) -> tuple[Mapping[str, int] | None, ReplicaStatus | None]:
+    """The engine's cache counters and replicas, each None when it cannot be read (the other may still be:
+    the replica count comes from Serve's controller, the counters from the replicas' answers)."""
+    return _or_none(engine.cache_stats), _or_none(engine.replica_status)
 
 
-def _cache_figures(stats: Mapping[str, int]) -> dict[str, Any] | None:
+def _or_none(read: Callable[[], T]) -> T | None:
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+def _cache_figures(stats: Mapping[str, int] | None) -> dict[str, Any] | None:
     if not stats:
         return None
     figures: dict[str, Any] = dict(stats)

@@ -25,6 +25,7 @@ from clef_runtime.engine.contract import DecisionEngine, PreparedItem
 from clef_runtime.engine.scheduler import DynamicBatcher, QueueFullError, SchedulerClosedError
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
+from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
 from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.metrics import CacheSeries, ServerMetrics
 from clef_runtime.server.settings import ServerSettings
@@ -180,8 +181,12 @@ class ServerRuntime:
         # One encode thread: fast tokenizers are not safe to share across threads ("Already borrowed"),
         # and encoding costs milliseconds next to the model's seconds.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-encode")
+        self.engine_queries = EngineQueries()
+        """Where the info routes ask the engine's figures that may block on a cluster."""
+        # The engine's cache series as last fetched for /metrics (the collector must not block on a cluster).
+        self._cache_series: CacheSeries = []
         metrics.bind_queue(self._queue_depth, self._running)
-        metrics.bind_engine_cache(self._engine_cache_series)
+        metrics.bind_engine_cache(lambda: self._cache_series)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -270,16 +275,19 @@ class ServerRuntime:
     def _running(self) -> float:
         return float(self._batcher.running) if self._batcher is not None else 0.0
 
-    def _engine_cache_series(self) -> CacheSeries:
+    async def render_metrics(self) -> bytes:
+        """The Prometheus exposition, with the engine's state-cache series fetched just before (none when
+        the engine is not loaded or does not answer in time: the other metrics still come)."""
         engine = self._engine
-        if engine is None:
-            return []
-        replicas = engine.replica_status()
-        if replicas is not None:
-            # One series per replica: a replica that stops takes its series with it, and no summed counter
-            # goes backwards.
-            return [({"replica": report.replica}, report.cache) for report in replicas.reports]
-        return [({}, engine.cache_stats())]
+        series: CacheSeries = []
+        if engine is not None:
+            try:
+                series = await self.engine_queries.ask(lambda: _engine_cache_series(engine))
+            except EngineQueryError as exc:
+                logger.debug("/metrics without the engine's cache figures: %s", exc)
+        # No await between storing and rendering: this exposition shows these figures.
+        self._cache_series = series
+        return self.metrics.render()
 
     def queue_depth(self) -> int:
         """Requests waiting for the engine."""
@@ -436,6 +444,16 @@ class ServerRuntime:
                     headers={"Retry-After": "5"},
                 ) from None
             raise
+
+
+def _engine_cache_series(engine: Engine) -> CacheSeries:
+    """The engine's state-cache counters as metric series. Blocks on the cluster of a scale-out engine."""
+    replicas = engine.replica_status()
+    if replicas is not None:
+        # One series per replica: a replica that stops takes its series with it, and no summed counter goes
+        # backwards.
+        return [({"replica": report.replica}, report.cache) for report in replicas.reports]
+    return [({}, engine.cache_stats())]
 
 
 async def _wait_for_disconnect(request: Request) -> None:
