@@ -28,7 +28,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +40,17 @@ from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verif
 from clef_runtime.model.device import resolve_device, resolve_dtype
 from clef_runtime.model.fused import quiet_fallback_advice
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
+from clef_runtime.model.prefill import DEFAULT_MAX_CALL_TOKENS, BatchPrefill, call_width
 from clef_runtime.model.quantize import Int8Plan
+from clef_runtime.model.state import (
+    BackboneState,
+    Continuation,
+    ContinuationResult,
+    StatePoint,
+    StateSegment,
+    UnsupportedCacheError,
+    _as_id_tensor,
+)
 from clef_runtime.model.weights import WeightPlan, apply_bf16_storage, plan_weights
 from clef_runtime.release import CONFIG_FILE, INDEX_FILE, LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 from clef_runtime.shards import ShardError, read_shard, shard_path
@@ -69,304 +78,9 @@ logger = logging.getLogger(__name__)
 #: torch's default dtype at bf16, silently changing later fp32 code).
 TRANSFORMERS_CONSTRUCTION_LOCK = threading.RLock()
 
-#: Default cap on rows x tokens of one batched model call in `Backbone.extend` (see `call_width`). Measured on
-#: the medium benchmark models (one thread, CPU time per token and row): 16 rows x 1,152 tokens in one call
-#: cost 1.34x a row alone, because every per-layer activation and Gated DeltaNet intermediate of 18k tokens
-#: leaves the CPU caches; the same batch in 256-token calls (4,096 tokens each) cost 0.90x a row alone.
-DEFAULT_MAX_CALL_TOKENS = 4096
-
-#: Call widths are multiples of the Gated DeltaNet chunk (64 tokens): a call of another length pads its last
-#: chunk inside the kernel.
-_CALL_WIDTH_QUANTUM = 64
-
 # Tensors in the shards that the text backbone deliberately does not load: lm_head is read row-wise by the
 # lexical table, the vision tower only when images are used, MTP weights (absent in Clef-flash) never.
 _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
-
-
-def call_width(rows: int, max_call_tokens: int | None) -> int | None:
-    """Tokens per model call for a batch of ``rows`` rows under a ``max_call_tokens`` budget of rows x tokens:
-    the largest multiple of 64 that keeps ``rows * width`` within the budget, at least 64 (``None``: no
-    budget, one call). Raises ValueError for a budget below 1 or fewer than one row."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    if max_call_tokens is None:
-        return None
-    if max_call_tokens < 1:
-        raise ValueError(f"max_call_tokens must be >= 1, got {max_call_tokens}")
-    width = max_call_tokens // rows // _CALL_WIDTH_QUANTUM * _CALL_WIDTH_QUANTUM
-    return max(_CALL_WIDTH_QUANTUM, width)
-
-
-def _as_id_tensor(input_ids: Sequence[int] | Tensor) -> Tensor:
-    ids = (
-        input_ids.detach().to("cpu")
-        if isinstance(input_ids, Tensor)
-        else torch.tensor(list(input_ids), dtype=torch.long)
-    )
-    if ids.dim() == 2 and ids.shape[0] == 1:
-        ids = ids[0]
-    if ids.dim() != 1:
-        raise ValueError(f"input_ids must be one sequence ([T] or [1, T]), got shape {tuple(ids.shape)}")
-    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-        raise ValueError(f"input_ids must be integers, got {ids.dtype}")
-    return ids.long()
-
-
-def _next_position(first_position: int, planes: Tensor, count: int) -> int:
-    """The M-RoPE position of the token after the first ``count`` of a row with ``planes`` [3, L]: one past
-    the largest position so far (an image block advances it by max(H, W), not by its token count)."""
-    return max(first_position, int(planes[:, :count].max()) + 1)
-
-
-class UnsupportedCacheError(RuntimeError):
-    """The model's cache holds a layer kind that `BackboneState` cannot snapshot or restore (not a plain
-    attention layer nor a single-state linear-attention layer)."""
-
-
-@dataclass(frozen=True, eq=False)
-class _AttentionSnapshot:
-    keys: Tensor  # [1, kv_heads, L, head_dim]
-    values: Tensor
-
-
-@dataclass(frozen=True, eq=False)
-class _LinearSnapshot:
-    conv: Tensor  # [1, conv_dim, kernel]: the last `kernel` inputs of the causal conv
-    recurrent: Tensor  # [1, value_heads, key_dim, value_dim]: the gated delta rule state
-
-
-def _cache_layer_classes() -> tuple[type, type]:
-    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
-
-    return DynamicLayer, LinearAttentionLayer
-
-
-def _capture_row(
-    cache: Any, row: int, kv_range: tuple[int, int] | None = None, *, attention: bool = True
-) -> tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]:
-    """Copies of one batch row of every cache layer, as they are now: attention K/V (positions ``kv_range``
-    only when given; None per attention layer when ``attention`` is False) and DeltaNet conv + recurrent
-    states. Raises `UnsupportedCacheError` for a layer of another kind."""
-    attention_class, linear_class = _cache_layer_classes()
-    layers: list[_AttentionSnapshot | _LinearSnapshot | None] = []
-    begin, end = kv_range if kv_range is not None else (0, None)
-    for number, layer in enumerate(cache.layers):
-        # Exact types: a subclass could hold more state than we copy (refuse rather than copy half).
-        if type(layer) is attention_class and layer.is_initialized:
-            layers.append(
-                _AttentionSnapshot(
-                    layer.keys[row : row + 1, :, begin:end].clone(),
-                    layer.values[row : row + 1, :, begin:end].clone(),
-                )
-                if attention
-                else None
-            )
-        elif (
-            type(layer) is linear_class
-            and layer.number_of_states == 1
-            and not layer.record_past
-            and layer.has_previous_state[0]
-            and layer.conv_states[0] is not None
-            and layer.recurrent_states[0] is not None
-        ):
-            layers.append(
-                _LinearSnapshot(
-                    layer.conv_states[0][row : row + 1].clone(),
-                    layer.recurrent_states[0][row : row + 1].clone(),
-                )
-                if kv_range is None
-                else None
-            )
-        else:
-            raise UnsupportedCacheError(
-                f"cache layer {number} ({type(layer).__name__}) cannot be snapshotted in this state"
-            )
-    return tuple(layers)
-
-
-def _nbytes(tensors: Sequence[Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-@dataclass(frozen=True, eq=False)
-class StateSegment:
-    """The part of a state that grows with its tokens, for a run of ``length`` consecutive tokens: each
-    attention layer's K/V of those positions (None for DeltaNet layers) and their final-norm hidden rows
-    (fp32 CPU [length, hidden]). A prefix tree node owns one; a state is restored by concatenating the
-    segments along its path (`BackboneState.assemble`)."""
-
-    kv: tuple[_AttentionSnapshot | None, ...] = field(repr=False)
-    hidden: Tensor = field(repr=False)
-
-    @property
-    def length(self) -> int:
-        """Tokens covered."""
-        return int(self.hidden.shape[0])
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the segment's tensors."""
-        tensors = [self.hidden]
-        for layer in self.kv:
-            if layer is not None:
-                tensors += [layer.keys, layer.values]
-        return _nbytes(tensors)
-
-    def slice(self, begin: int, end: int) -> StateSegment:
-        """Tokens ``begin .. end - 1`` of the segment, with their own copies (so that dropping the original
-        frees its memory). Raises ValueError unless 0 <= begin < end <= length."""
-        if not 0 <= begin < end <= self.length:
-            raise ValueError(f"cannot slice {begin}..{end} out of a segment of {self.length} tokens")
-        kv = tuple(
-            None
-            if layer is None
-            else _AttentionSnapshot(
-                layer.keys[:, :, begin:end].clone(), layer.values[:, :, begin:end].clone()
-            )
-            for layer in self.kv
-        )
-        return StateSegment(kv=kv, hidden=self.hidden[begin:end].clone())
-
-
-@dataclass(frozen=True, eq=False)
-class StatePoint:
-    """The part of a state that does not grow, at one position: each DeltaNet layer's conv and recurrent
-    states there (None for attention layers) and the M-RoPE position of the next token. A state can be
-    resumed only where a point was taken."""
-
-    linear: tuple[_LinearSnapshot | None, ...] = field(repr=False)
-    next_position: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the point's tensors."""
-        return _nbytes(
-            [t for layer in self.linear if layer is not None for t in (layer.conv, layer.recurrent)]
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class BackboneState:
-    """The backbone after ``length`` tokens of one sequence: enough to continue it, and its hidden rows.
-
-    ``hidden``: fp32 CPU [length, hidden] final-norm rows of those positions (the head reads every row).
-    ``next_position``: the M-RoPE position the next text token gets (after an image block this is not
-    ``length``). Never modify a state: `Backbone.extend` copies it into a fresh cache.
-    """
-
-    layers: tuple[_AttentionSnapshot | _LinearSnapshot, ...] = field(repr=False)
-    hidden: Tensor = field(repr=False)
-    length: int
-    next_position: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the state's tensors (cache layers and hidden rows)."""
-        tensors = [self.hidden]
-        for layer in self.layers:
-            if isinstance(layer, _AttentionSnapshot):
-                tensors += [layer.keys, layer.values]
-            else:
-                tensors += [layer.conv, layer.recurrent]
-        return _nbytes(tensors)
-
-    def assemble(self, segments: Sequence[StateSegment], point: StatePoint) -> BackboneState:
-        """The state after this one continued by ``segments`` (consecutive, in order) and resumed at
-        ``point`` (taken right after the last segment): K/V and hidden rows concatenated (one copy), the
-        DeltaNet states and next position from ``point``. This state is untouched. Raises
-        `UnsupportedCacheError` when the parts do not have this state's layer layout."""
-        kv_parts: list[list[_AttentionSnapshot]] = [[] for _ in self.layers]
-        for segment in segments:
-            if len(segment.kv) != len(self.layers):
-                raise UnsupportedCacheError("a segment does not have the state's layer layout")
-            for number, layer in enumerate(segment.kv):
-                if layer is not None:
-                    kv_parts[number].append(layer)
-        if len(point.linear) != len(self.layers):
-            raise UnsupportedCacheError("a point does not have the state's layer layout")
-        layers: list[_AttentionSnapshot | _LinearSnapshot] = []
-        for number, (own, linear) in enumerate(zip(self.layers, point.linear, strict=True)):
-            if isinstance(own, _AttentionSnapshot) and linear is None:
-                parts = [own, *kv_parts[number]]
-                layers.append(
-                    _AttentionSnapshot(
-                        torch.cat([p.keys for p in parts], dim=2), torch.cat([p.values for p in parts], dim=2)
-                    )
-                )
-            elif isinstance(own, _LinearSnapshot) and linear is not None and not kv_parts[number]:
-                layers.append(linear)
-            else:
-                raise UnsupportedCacheError(f"layer {number}: the parts do not match the state's layout")
-        added = sum(segment.length for segment in segments)
-        return BackboneState(
-            layers=tuple(layers),
-            hidden=torch.cat([self.hidden, *(segment.hidden for segment in segments)]),
-            length=self.length + added,
-            next_position=point.next_position,
-        )
-
-    def to_cache(self, config: Any, batch: int) -> Any:
-        """A fresh ``DynamicCache`` holding this state ``batch`` times (copies; this state is untouched).
-
-        Raises `UnsupportedCacheError` when ``config`` builds a cache of another layout.
-        """
-        from transformers.cache_utils import DynamicCache
-
-        attention_class, linear_class = _cache_layer_classes()
-        cache = DynamicCache(config=config)
-        if len(cache.layers) != len(self.layers):
-            raise UnsupportedCacheError(
-                f"the config builds {len(cache.layers)} cache layers, the state holds {len(self.layers)}"
-            )
-        for number, (layer, snapshot) in enumerate(zip(cache.layers, self.layers, strict=True)):
-            if isinstance(snapshot, _AttentionSnapshot) and type(layer) is attention_class:
-                # update() concatenates onto an empty tensor: the cache gets its own copy.
-                layer.update(
-                    snapshot.keys.expand(batch, -1, -1, -1), snapshot.values.expand(batch, -1, -1, -1)
-                )
-            elif isinstance(snapshot, _LinearSnapshot) and type(layer) is linear_class:
-                # Both updates copy into freshly allocated buffers that the forward then updates in place.
-                layer.update_conv_state(snapshot.conv.expand(batch, -1, -1).contiguous())
-                layer.update_recurrent_state(snapshot.recurrent.expand(batch, -1, -1, -1).contiguous())
-            else:
-                raise UnsupportedCacheError(
-                    f"cache layer {number} is a {type(layer).__name__}; the state holds "
-                    f"{type(snapshot).__name__.strip('_')}"
-                )
-        return cache
-
-
-@dataclass(frozen=True, eq=False)
-class Continuation:
-    """One row of `Backbone.extend`: the tokens that follow the start state.
-
-    ``positions``: [3, L] M-RoPE planes of these tokens (default: the start's ``next_position`` + arange on
-    every plane). ``image_rows``: ``(offset, rows)`` pairs; ``rows`` [n, hidden] replace the token embeddings
-    at ``offset .. offset + n - 1`` (the ``<|image_pad|>`` block of an image). ``snapshot_at``: take a
-    `BackboneState` after this many tokens of the row (1..L). ``points``: take a `StatePoint` after each of
-    these many tokens (increasing, 1..L) and return the `StateSegment` of the row's tokens up to the last
-    one: what a prefix tree stores.
-    """
-
-    input_ids: Sequence[int] | Tensor
-    positions: Tensor | None = None
-    image_rows: Sequence[tuple[int, Tensor]] = ()
-    snapshot_at: int | None = None
-    points: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class ContinuationResult:
-    """What `Backbone.extend` returns per row: ``hidden`` fp32 CPU [L, hidden] rows of the row's tokens and,
-    when asked for, ``snapshot`` (the state after ``snapshot_at`` tokens, counted from position 0),
-    ``points`` (one `StatePoint` per asked point, in order) and ``segment`` (K/V and hidden rows of the
-    row's tokens up to its last point)."""
-
-    hidden: Tensor
-    snapshot: BackboneState | None = None
-    points: tuple[StatePoint, ...] = ()
-    segment: StateSegment | None = None
 
 
 # ------------------------------------------------------------------------------------------ loading steps
@@ -789,114 +503,15 @@ class Backbone:
         row, planes or image rows that do not fit the row, a ``snapshot_at`` outside 1..L, or a
         non-positive chunk; `UnsupportedCacheError` for a model whose cache layout cannot be snapshotted.
         """
-        if not rows:
-            raise ValueError("rows is empty")
-        if prefill_chunk is not None and prefill_chunk <= 0:
-            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
-        offset = 0 if start is None else start.length
-        first_position = 0 if start is None else start.next_position
-        sequences = [_as_id_tensor(row.input_ids) for row in rows]
-        lengths = [int(ids.shape[0]) for ids in sequences]
-        if min(lengths) == 0:
-            raise ValueError(f"a row is empty (lengths {lengths})")
-        longest, batch = max(lengths), len(rows)
-
-        padded = torch.full((batch, longest), self._pad_id, dtype=torch.long)
-        planes = torch.empty((3, batch, longest), dtype=torch.long)
-        for number, (row, ids, length) in enumerate(zip(rows, sequences, lengths, strict=True)):
-            padded[number, :length] = ids
-            if row.positions is None:
-                own = torch.arange(first_position, first_position + length, dtype=torch.long).expand(3, -1)
-            else:
-                own = row.positions.detach().to("cpu").long()
-                if tuple(own.shape) != (3, length):
-                    raise ValueError(
-                        f"row {number}: positions must be [3, {length}], got {tuple(row.positions.shape)}"
-                    )
-            planes[:, number, :length] = own
-            if length < longest:
-                planes[:, number, length:] = own[:, -1:] + torch.arange(1, longest - length + 1)
-            if row.snapshot_at is not None and not 1 <= row.snapshot_at <= length:
-                raise ValueError(f"row {number}: snapshot_at {row.snapshot_at} is outside 1..{length}")
-            if row.points and (
-                list(row.points) != sorted(set(row.points))
-                or not 1 <= row.points[0] <= row.points[-1] <= length
-            ):
-                raise ValueError(f"row {number}: points {row.points} are not increasing within 1..{length}")
-
-        cuts = {longest} | {row.snapshot_at for row in rows if row.snapshot_at is not None}
-        cuts |= {point for row in rows for point in row.points}
-        if prefill_chunk is not None:
-            cuts |= set(range(prefill_chunk, longest, prefill_chunk))
-        width = call_width(batch, self.max_call_tokens if max_call_tokens == "default" else max_call_tokens)
-        if width is not None:
-            cuts |= set(range(width, longest, width))
-        captured: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
-        linear_at: dict[tuple[int, int], tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
-        segments_kv: dict[int, tuple[_AttentionSnapshot | _LinearSnapshot | None, ...]] = {}
-        with flush_denormals(), torch.inference_mode():
-            embeds = self._embed(padded)
-            for number, row in enumerate(rows):
-                self._merge_image_rows(embeds[number], row.image_rows, lengths[number], f"row {number}")
-            if start is None:
-                from transformers.cache_utils import DynamicCache
-
-                cache = DynamicCache(config=self._model.config)
-            else:
-                cache = start.to_cache(self._model.config, batch)
-            pieces = []
-            begin = 0
-            for end in sorted(cuts):
-                pieces.append(
-                    self._forward(embeds[:, begin:end], planes[:, :, begin:end], offset + begin, cache)
-                )
-                self.calls += 1
-                for number, row in enumerate(rows):
-                    if row.snapshot_at == end:
-                        captured[number] = _capture_row(cache, number)
-                    if end in row.points:
-                        linear_at[number, end] = _capture_row(cache, number, attention=False)
-                begin = end
-            for number, row in enumerate(rows):
-                if row.points:
-                    # Attention K/V never change once written: the segment is read once, after the last call.
-                    segments_kv[number] = _capture_row(cache, number, (offset, offset + row.points[-1]))
-            hidden = torch.cat(pieces, dim=1).to(device="cpu", dtype=torch.float32)
-
-        results = []
-        for number, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-            own_hidden = hidden[number, :length].clone()
-            snapshot = None
-            if row.snapshot_at is not None:
-                cut = row.snapshot_at
-                state_hidden = (
-                    own_hidden[:cut] if start is None else torch.cat([start.hidden, own_hidden[:cut]])
-                )
-                snapshot = BackboneState(
-                    layers=captured[number],  # type: ignore[arg-type]
-                    hidden=state_hidden.clone(),
-                    length=offset + cut,
-                    next_position=_next_position(first_position, planes[:, number], cut),
-                )
-            points = tuple(
-                StatePoint(
-                    linear=linear_at[number, at],  # type: ignore[arg-type]
-                    next_position=_next_position(first_position, planes[:, number], at),
-                )
-                for at in row.points
-            )
-            segment = (
-                StateSegment(
-                    kv=segments_kv[number],  # type: ignore[arg-type]
-                    hidden=own_hidden[: row.points[-1]].clone(),
-                )
-                if row.points
-                else None
-            )
-            results.append(
-                ContinuationResult(hidden=own_hidden, snapshot=snapshot, points=points, segment=segment)
-            )
-        return results
+        prefill = BatchPrefill(
+            self,
+            start,
+            rows,
+            prefill_chunk=prefill_chunk,
+            max_call_tokens=self.max_call_tokens if max_call_tokens == "default" else max_call_tokens,
+        )
+        prefill.advance()
+        return [prefill.result(number) for number in range(len(rows))]
 
     def initial_state(self, input_ids: Sequence[int] | Tensor) -> BackboneState:
         """The state after ``input_ids`` run from nothing at positions 0..T-1 (e.g. the constant prompt
