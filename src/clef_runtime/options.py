@@ -223,6 +223,8 @@ class EngineOptions:
     """With ``weights=int8``: ``late`` (from 3/8 of the depth on), ``all``, or comma-separated indices."""
     prefill_chunk: int | None = None
     """Run the backbone in calls of at most this many tokens (None: whole rows)."""
+    max_step_tokens: int | None = None
+    """Padded tokens one engine step computes (None: the device's default, small on CPU, large on CUDA)."""
     pad_last_chunk: bool = False
     """The seed's readout: one row at a time in ``prefill_chunk`` calls, the last padded (no state cache)."""
     max_length: int = DEFAULT_MAX_LENGTH
@@ -257,6 +259,8 @@ class EngineOptions:
             )
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             problems.append(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
+        if self.max_step_tokens is not None and self.max_step_tokens < 1:
+            problems.append(f"--max-step-tokens must be at least 1, got {self.max_step_tokens}")
         if self.pad_last_chunk and self.prefill_chunk is None:
             problems.append("pad_last_chunk needs a prefill_chunk")
         if self.max_length < 1:
@@ -345,6 +349,15 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "CLEF_PREFILL_CHUNK",
         parse_int,
         "run the backbone in calls of N tokens over the hybrid cache (default: one pass)",
+        "N",
+    ),
+    Option(
+        "max_step_tokens",
+        "--max-step-tokens",
+        "CLEF_MAX_STEP_TOKENS",
+        parse_int,
+        "padded tokens one engine step computes: long requests run in chunks across steps, short ones "
+        "overtake between chunks (default: 1024 on CPU, 16384 on CUDA)",
         "N",
     ),
     Option(

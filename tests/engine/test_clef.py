@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ from clef_runtime import Clef
 from clef_runtime.engine.clef import PreparedRequest
 from clef_runtime.model.backbone import TRANSFORMERS_CONSTRUCTION_LOCK
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
+from clef_runtime.vision.tower import VisionTower
 from tests.helpers import png_data_url as png_url
 from tests.helpers import run_cli_process as run_cli
 
@@ -111,7 +113,7 @@ def flatten(response: dict[str, Any]) -> dict[str, float]:
 
 def test_batch_equals_single(clef: Clef) -> None:
     items = [(clef.parse(r), clef.encode(r)) for r in REQUESTS]
-    batched = clef.decide_encoded(items)
+    batched = clef.decide_many(items)
     assert clef.last_timings.batch_size == len(REQUESTS)
     for request, response in zip(REQUESTS, batched, strict=True):
         single = clef.decide(request)
@@ -215,16 +217,11 @@ def openrouter_form(text: str, images: list[str]) -> dict[str, Any]:
 def variant(base: Clef, *, cache_bytes: int = 0, own_tower: bool = False, **options: Any) -> Clef:
     """Another engine on the same loaded weights with its own state cache; it shares ``base``'s vision
     tower unless ``own_tower`` (then a fresh, unloaded one)."""
-    return Clef(
-        resolved=base.resolved,
-        tokenizer=base.tokenizer,
-        backbone=base.backbone,
-        head=base.head,
-        lexical=base.lexical,
-        cache_bytes=cache_bytes,
-        vision_tower=None if own_tower else base.vision_tower,
-        **options,
-    )
+    model = base.model
+    if own_tower:
+        tower = VisionTower(base.path, device=base.backbone.device, dtype=base.backbone.dtype)
+        model = dataclasses.replace(model, vision_tower=tower)
+    return Clef(model, base.options.replace(cache_mb=cache_bytes / 2**20, **options))
 
 
 def max_prob_diff(a: list[list[list[float]]], b: list[list[list[float]]]) -> float:
@@ -340,7 +337,7 @@ def test_text_requests_never_load_the_vision_tower(clef: Clef) -> None:
     engine = variant(clef, cache_bytes=1 << 26, own_tower=True)
     for body in REQUESTS:
         engine.decide(body)
-    engine.decide_encoded([(engine.parse(REQUESTS[0]), engine.encode(REQUESTS[0]))])
+    engine.decide_many([(engine.parse(REQUESTS[0]), engine.encode(REQUESTS[0]))])
     assert engine.vision_tower.loaded is False
     engine.decide(cloudflare_form("now a picture", IMAGES[:1]))
     assert engine.vision_tower.loaded is True
@@ -352,10 +349,10 @@ def test_image_items_must_carry_their_images(clef: Clef) -> None:
     record = clef.encode(body)
     assert record.image_blocks
     with pytest.raises(ValueError, match=r"Clef\.prepare"):
-        clef.decide_encoded([(parsed, record)])
+        clef.decide_many([(parsed, record)])
     prepared = clef.prepare(body)
     assert isinstance(prepared, PreparedRequest)
-    first, again = clef.decide_encoded([(parsed, prepared)]), clef.decide_encoded([prepared])
+    first, again = clef.decide_many([(parsed, prepared)]), clef.decide_many([prepared])
     assert answers_only(first[0]) == answers_only(again[0])
     assert again[0]["x_state_cache"] == "hit"  # the same state: the second came from the cache
 

@@ -9,10 +9,11 @@ checks that every implementation has every member with the same parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from clef_runtime.engine.loop import StepRunner
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 
@@ -34,7 +35,7 @@ class EncodedRow(Protocol):
 
 
 class PreparedItem(Protocol):
-    """A validated, encoded request, ready for `DecisionEngine.decide_encoded` (``PreparedRequest``)."""
+    """A validated, encoded request, ready for the engine's runner (``PreparedRequest``)."""
 
     @property
     def request(self) -> SystemOneRequest:
@@ -94,20 +95,23 @@ class DecisionEngine(Protocol[PreparedT]):
     """Where the model runs (``cpu``, ``cuda:0``): ``/status.json``."""
     weight_mode: str
     """How the weights are stored and computed (``fp32``, ``bfloat16``, ``bf16-storage``, ``int8``...)."""
+    step_tokens: int
+    """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedT:
         """Validate and encode one JSON-decoded System One body (images included) without touching the
         model. Raises ``RequestValidationError`` (422) or ``InputTooLongError`` (413)."""
         ...
 
-    def decide_encoded(self, items: Sequence[PreparedT]) -> list[dict[str, Any]]:
-        """Answer a batch of prepared requests: one System One response dict per item, in order. A failure
-        fails the whole batch (the batcher retries its items one by one)."""
+    def runner(self) -> StepRunner:
+        """The step runner the server's `clef_runtime.engine.loop.EngineLoop` drives on its engine thread: it
+        takes exactly what `prepare` returned and answers with `clef_runtime.engine.decision.Decision`
+        records."""
         ...
 
-    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+    def warmup(self, *, max_rows: int = 32) -> None:
         """Run one small request so the first real one does not pay for lazy initialisation (an engine that
-        compiles per shape also runs the batch shapes the server can form within these limits)."""
+        compiles per shape also runs the step shapes it can form with at most ``max_rows`` rows)."""
         ...
 
     def cache_stats(self) -> Mapping[str, int]:
@@ -123,6 +127,6 @@ class DecisionEngine(Protocol[PreparedT]):
         ...
 
     def prepare_compute_thread(self) -> None:
-        """Called once on the thread that will run every `decide_encoded` call, before the first (the CPU
-        engine starts that thread's OpenMP team there)."""
+        """Called once on the thread that will run every engine step, before the first (the CPU engine
+        starts that thread's OpenMP team there)."""
         ...

@@ -2,8 +2,8 @@
 
 On CUDA the first call at a new shape pays for Triton autotuning (the fused DeltaNet kernels of the ``cuda``
 extra: peers measured the first request at 20 s and more without a warm-up), cuBLAS heuristics and the
-caching allocator's growth. The server batches requests into calls of at most ``max_batch_size`` rows and
-``max_batch_tokens`` padded tokens, so the warm-up runs every (rows, tokens) pair of powers of two within
+caching allocator's growth. Engine steps hold at most ``max_rows`` rows and
+``max_step_tokens`` padded tokens, so the warm-up runs every (rows, tokens) pair of powers of two within
 those limits, tokens from 64 to 4,096, continuing the constant prompt prefix as real requests do.
 
 On CPU none of this is needed (no autotuning; the first call only pays for lazy initialisation, which one
@@ -21,17 +21,17 @@ WARMUP_TOKENS = (64, 256, 1024, 4096)
 
 
 def warmup_shapes(
-    device_type: str, *, max_batch_tokens: int = 16384, max_batch_size: int = 32
+    device_type: str, *, max_step_tokens: int = 16384, max_rows: int = 32
 ) -> list[tuple[int, int]]:
     """(rows, tokens) pairs to run at startup on ``device_type``: none on CPU; on CUDA every power-of-two
-    row count up to ``max_batch_size`` times every length of `WARMUP_TOKENS` whose product fits
-    ``max_batch_tokens``."""
+    row count up to ``max_rows`` times every length of `WARMUP_TOKENS` whose product fits
+    ``max_step_tokens``."""
     if device_type == "cpu":
         return []
     shapes = []
     for tokens in WARMUP_TOKENS:
         rows = 1
-        while rows <= max_batch_size and rows * tokens <= max_batch_tokens:
+        while rows <= max_rows and rows * tokens <= max_step_tokens:
             shapes.append((rows, tokens))
             rows *= 2
     return shapes

@@ -1,0 +1,507 @@
+"""The engine's executor: the state-cache driver and the step runner over one loaded model.
+
+The engine loop (`clef_runtime.engine.loop`) decides what each step does (`clef_runtime.engine.policy`);
+this module does it:
+
+1. **estimate** a request when it arrives: where the state cache lets it resume (the longest cached prefix
+   of its state, a prefix tree over the state's ids: `clef_runtime.engine.state_cache`), so the policy knows
+   how much work it is and which requests can share a batch;
+2. **admit** requests: look them up again (the cache may have grown meanwhile), group them by the cached
+   point they resume at, plan each row's snapshots (`clef_runtime.engine.planning`), embed the images of
+   rows that start before their image block (the vision tower is loaded on first use) and open one
+   `clef_runtime.model.prefill.BatchPrefill` per group over a copy of the start state;
+3. **advance** a batch by a chunk: the rows that complete get their hidden rows (start state's rows + their
+   own), the lexical rows, the joint schema head in fp32, per-question softmax and calibration, and come
+   back as `Decision` records at once; what they computed is stored in the prefix tree.
+
+Nothing of one request is kept on the model for the next: positions are explicit, caches are fresh copies,
+and cached states are never modified. Every call that touches the model holds the engine's model lock, so
+several loops (the server's, a direct `Clef.decide_encoded`) interleave step by step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from clef_runtime.engine.answers import build_answer
+from clef_runtime.engine.calibration import Calibration
+from clef_runtime.engine.decision import MISS, CacheReport, Decision, RequestTimings
+from clef_runtime.engine.images import ImageEmbedder, PreparedImage, row_positions
+from clef_runtime.engine.loop import Estimate
+from clef_runtime.engine.planning import MAX_SNAPSHOT_ROWS, PlanRow, RowPlan, plan_rows
+from clef_runtime.engine.preparer import PreparedRequest
+from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache
+from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, StatePoint, StateSegment
+from clef_runtime.model.head import HeadLayout, JointSchemaHead, probabilities
+from clef_runtime.model.kernels import flush_denormals
+from clef_runtime.model.lexical import LexicalTable
+from clef_runtime.model.prefill import BatchPrefill
+
+__all__ = ["ExecutorWork", "StepExecutor"]
+
+logger = logging.getLogger("clef_runtime.engine")
+
+PREFIX_START = "prompt-prefix"
+"""The start identity of rows that resume at the prompt prefix."""
+
+_HANDOFF_LIMIT = 2
+"""State ends kept for waiting requests when the state cache is off (each one is a whole state)."""
+
+
+@dataclass
+class ExecutorWork:
+    """Cumulative work of an executor (a synchronous call reports the difference over its own run)."""
+
+    backbone_s: float = 0.0
+    head_s: float = 0.0
+    vision_s: float = 0.0
+    backbone_tokens: int = 0
+    requests: int = 0
+
+
+def _layout(record: Any) -> HeadLayout:
+    return HeadLayout(
+        type_ids=[q.type_id for q in record.questions],
+        question_spans=[q.question_span for q in record.questions],
+        option_spans=[list(q.option_spans) for q in record.questions],
+    )
+
+
+@dataclass(eq=False)
+class _Row:
+    """One admitted request: ``index`` into the admitted items, where it resumes and what it stores."""
+
+    index: int
+    work: PreparedRequest
+    start_at: int
+    plan: RowPlan
+    share: bool
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Admitted rows that continue one start state, advanced together."""
+
+    executor: StepExecutor
+    start: BackboneState
+    rows: dict[int, _Row]
+    prefill: BatchPrefill | None = None
+    """None for the seed's readout, which computes each row whole in its first advance."""
+    numbers: dict[int, int] = field(default_factory=dict)
+    """Row index -> row number in the prefill."""
+
+    def remaining(self) -> dict[int, int]:
+        """Tokens every row still in the batch has to compute, by admitted index."""
+        if self.prefill is None:
+            return {index: row.work.record.input_tokens for index, row in self.rows.items()}
+        return {index: self.prefill.remaining(self.numbers[index]) for index in self.rows}
+
+    def advance(self, tokens: int) -> dict[int, Decision]:
+        """Compute the next ``tokens`` tokens; returns the decisions of the rows that completed."""
+        return self.executor._advance(self, tokens)
+
+    def drop(self, indexes: Iterable[int]) -> None:
+        """Take rows out (a cancelled request): nothing of theirs is stored."""
+        gone = [index for index in indexes if index in self.rows]
+        for index in gone:
+            del self.rows[index]
+        if self.prefill is not None:
+            self.prefill.drop(self.numbers[index] for index in gone)
+
+
+class StepExecutor:
+    """Runs steps over one loaded model (see the module docstring). Thread-safe: every model call holds
+    ``model_lock``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        backbone: Backbone,
+        head: JointSchemaHead,
+        lexical: LexicalTable,
+        embedder: ImageEmbedder,
+        state_cache: StateCache,
+        prefix_ids: Sequence[int],
+        model_lock: threading.Lock,
+        prefill_chunk: int | None = None,
+        seed_readout: bool = False,
+        snapshot_interval: int = 512,
+        confidence: str = "seed",
+        calibration: Calibration | None = None,
+        max_snapshot_rows: int = MAX_SNAPSHOT_ROWS,
+    ) -> None:
+        self.name = name
+        self.backbone = backbone
+        self.head = head
+        self.lexical = lexical
+        self.embedder = embedder
+        self.state_cache = state_cache
+        self.prefix_ids = list(prefix_ids)
+        self.model_lock = model_lock
+        self.prefill_chunk = prefill_chunk
+        self.seed_readout = seed_readout
+        self.snapshot_interval = snapshot_interval
+        self.confidence = confidence
+        self.calibration = calibration
+        self.max_snapshot_rows = max_snapshot_rows
+        self.work = ExecutorWork()
+        self._work_lock = threading.Lock()
+        self._handoff: dict[bytes, BackboneState] = {}
+        self._collect: dict[int, Tensor] | None = None
+        with model_lock, torch.inference_mode():
+            # The constant prompt prefix is the starting point of every cold row: computed once, kept for
+            # good (outside the LRU budget; a few KB per token).
+            self.prefix_state: BackboneState = backbone.initial_state(self.prefix_ids)
+
+    # ------------------------------------------------------------------------------------------ lookup
+
+    def _check_prefix(self, record: Any) -> None:
+        if list(record.input_ids[: self.prefix_state.length]) != self.prefix_ids:
+            raise ValueError("the record does not start with this model's prompt prefix")
+
+    def _match(self, w: PreparedRequest) -> Match:
+        record = w.record
+        if not self.state_cache.enabled:
+            return Match(root=w.root_key == TEXT_ROOT, length=0)
+        return self.state_cache.lookup(w.root_key, record.input_ids[record.state_start : record.state_end])
+
+    def _resume_at(self, w: PreparedRequest, match: Match) -> int:
+        return w.record.state_start + match.length if match.root else self.prefix_state.length
+
+    def estimate(self, item: PreparedRequest) -> Estimate:
+        """Where ``item`` would resume now (see `Estimate`). Raises ValueError for a record that does not
+        start with the prompt prefix."""
+        self._check_prefix(item.record)
+        if self.seed_readout:
+            return Estimate(item.record.input_tokens, None, None)
+        record = item.record
+        if item.state_key in self._handoff:
+            return Estimate(record.input_tokens - record.state_end, ("handoff", item.state_key), None)
+        match = self._match(item)
+        resume_at = self._resume_at(item, match)
+        group = match.start if resume_at > self.prefix_state.length else PREFIX_START
+        # A state cached whole has nothing left to share: requests about it never wait for each other.
+        hold = item.state_key if resume_at < record.state_end else None
+        return Estimate(record.input_tokens - resume_at, group, hold)
+
+    # --------------------------------------------------------------------------------------- admission
+
+    def admit(
+        self,
+        items: Sequence[PreparedRequest],
+        *,
+        share: Collection[Hashable] = (),
+        held: Collection[int] = (),
+    ) -> list[_Batch]:
+        """Start ``items`` as batches (one per cached point they resume at). ``share``: states other
+        waiting requests want (their rows snapshot the state end even with the cache off); ``held``:
+        indexes of items that waited for another request's state. Returns the batches; their rows are keyed
+        by index into ``items``. Raises ValueError for an item that cannot run (the loop retries the items
+        one by one to find it)."""
+        wanted = {*share, *(w.state_key for w in items)}
+        for key in [key for key in self._handoff if key not in wanted]:
+            del self._handoff[key]
+        if self.seed_readout:
+            return [
+                _Batch(self, self.prefix_state, {i: _Row(i, w, 0, RowPlan((), False, MISS), False)})
+                for i, w in enumerate(items)
+            ]
+        groups: dict[Any, list[tuple[int, PreparedRequest, int]]] = {}
+        starts: dict[Any, BackboneState] = {}
+        cache = self.state_cache
+        prefix = self.prefix_state
+        for index, w in enumerate(items):
+            self._check_prefix(w.record)
+            handed = self._handoff.get(w.state_key)
+            if handed is not None:
+                start_key: Any = ("handoff", w.state_key)
+                starts[start_key] = handed
+                resume_at = w.record.state_end
+            else:
+                match = self._match(w)
+                resume_at = self._resume_at(w, match)
+                start_key = PREFIX_START
+                if resume_at > prefix.length:
+                    start_key = match.start
+                    if start_key not in starts:
+                        assert isinstance(match.point, StatePoint)
+                        starts[start_key] = prefix.assemble(match.segments, match.point)  # type: ignore[arg-type]
+            groups.setdefault(start_key, []).append((index, w, resume_at))
+        starts.setdefault(PREFIX_START, prefix)
+        batches = []
+        for start_key, members in groups.items():
+            plans = plan_rows(
+                [
+                    PlanRow(
+                        state_start=w.record.state_start,
+                        state_end=w.record.state_end,
+                        resume_at=resume_at,
+                        tail_at=w.tail_at,
+                        images=bool(w.record.image_blocks),
+                        share=w.state_key in share,
+                    )
+                    for _, w, resume_at in members
+                ],
+                prefix_length=prefix.length,
+                store=cache.enabled,
+                snapshot_interval=self.snapshot_interval,
+                max_snapshot_rows=self.max_snapshot_rows,
+            )
+            rows = {
+                index: _Row(index, w, resume_at, plan, w.state_key in share)
+                for (index, w, resume_at), plan in zip(members, plans, strict=True)
+            }
+            for row in rows.values():
+                self._count_admission(row, index_held=row.index in held)
+            batches.append(self._open(starts[start_key], rows))
+        return batches
+
+    def _count_admission(self, row: _Row, *, index_held: bool) -> None:
+        cache = self.state_cache
+        report = row.plan.report
+        if cache.enabled:
+            cache.record(report.status)
+        if index_held and report.status == "hit":
+            cache.add_shared()
+        if row.start_at or report.cached_tokens:
+            cache.add_saved(row.start_at, report.cached_tokens)
+
+    def _open(self, start: BackboneState, rows: dict[int, _Row]) -> _Batch:
+        """A batch of ``rows`` over a copy of ``start`` (images embedded for rows that need them)."""
+        ordered = list(rows.values())
+        started = time.perf_counter()
+        with self.model_lock, flush_denormals(), torch.inference_mode():
+            images = [w.work.images if w.start_at < w.work.record.state_start else () for w in ordered]
+            tower_rows = self._image_rows(images)
+            continuations = [
+                self._continuation(row, start, own) for row, own in zip(ordered, tower_rows, strict=True)
+            ]
+            prefill = BatchPrefill(
+                self.backbone,
+                start,
+                continuations,
+                prefill_chunk=self.prefill_chunk,
+                max_call_tokens=self.backbone.max_call_tokens,
+            )
+        self._add_work(backbone_s=time.perf_counter() - started)
+        return _Batch(self, start, rows, prefill, {row.index: n for n, row in enumerate(ordered)})
+
+    def _image_rows(self, image_lists: Sequence[Sequence[PreparedImage]]) -> list[list[Tensor]]:
+        """Tower rows of every image of every list (one tower pass for them all), per list."""
+        images = [image for images in image_lists for image in images]
+        if not images:
+            return [[] for _ in image_lists]
+        started = time.perf_counter()
+        rows = self.embedder.embed(images)
+        self._add_work(vision_s=time.perf_counter() - started)
+        out, index = [], 0
+        for own in image_lists:
+            out.append(rows[index : index + len(own)])
+            index += len(own)
+        return out
+
+    def _continuation(self, row: _Row, start: BackboneState, images: Sequence[Tensor]) -> Continuation:
+        """Row ``row`` from its start position (where ``start`` ends) to its end."""
+        record, at = row.work.record, row.start_at
+        if start.length != at:
+            raise RuntimeError(f"a start state of {start.length} tokens cannot resume a row at {at}")
+        positions = row_positions(record, row.work.images)
+        if positions is not None:
+            if not bool((positions[:, at] == start.next_position).all()):
+                raise RuntimeError("a cached state's next position does not match the request's row")
+            positions = positions[:, at:]
+        return Continuation(
+            input_ids=record.input_ids[at:],
+            positions=positions,
+            image_rows=[
+                (first_pad - at, image)
+                for (first_pad, _), image in zip(record.image_blocks, images, strict=True)
+            ]
+            if images
+            else [],
+            points=tuple(p - at for p in row.plan.points),
+        )
+
+    # ----------------------------------------------------------------------------------------- advance
+
+    def _advance(self, batch: _Batch, tokens: int) -> dict[int, Decision]:
+        t0 = time.perf_counter()
+        with self.model_lock, flush_denormals(), torch.inference_mode():
+            if batch.prefill is None:
+                hiddens = self._seed_rows(batch)
+            else:
+                hiddens = {}
+                for number in batch.prefill.advance(tokens):
+                    index = next(i for i, n in batch.numbers.items() if n == number)
+                    hiddens[index] = self._completed(batch, index, number)
+            t1 = time.perf_counter()
+            collect = self._collect
+            if collect is not None:
+                for index, hidden in hiddens.items():
+                    collect[id(batch.rows[index].work)] = hidden
+            decisions = self._decide(batch, hiddens)
+        self._add_work(backbone_s=t1 - t0, head_s=time.perf_counter() - t1)
+        for index in hiddens:
+            del batch.rows[index]
+        return decisions
+
+    def _completed(self, batch: _Batch, index: int, number: int) -> Tensor:
+        """Store what row ``index`` computed (its snapshots), and return its whole hidden rows."""
+        assert batch.prefill is not None
+        row = batch.rows[index]
+        result = batch.prefill.result(number)
+        self._add_work(tokens=row.work.record.input_tokens - row.start_at)
+        if row.plan.points:
+            assert result.segment is not None
+            points = dict(zip(row.plan.points, result.points, strict=True))
+            if row.plan.store:
+                self._store(row, result.segment, points)
+            if row.share and not self.state_cache.enabled:
+                end = row.work.record.state_end
+                while len(self._handoff) >= _HANDOFF_LIMIT:
+                    del self._handoff[next(iter(self._handoff))]
+                self._handoff[row.work.state_key] = batch.start.assemble([result.segment], points[end])
+        return torch.cat([batch.start.hidden, result.hidden])
+
+    def _seed_rows(self, batch: _Batch) -> dict[int, Tensor]:
+        """The seed's readout: each row alone from zero states in ``prefill_chunk``-token calls, the last
+        call padded with ``<|endoftext|>``; no state cache."""
+        rows = list(batch.rows.values())
+        image_rows = self._image_rows([row.work.images for row in rows])
+        hiddens = {}
+        for row, images in zip(rows, image_rows, strict=True):
+            record = row.work.record
+            embeds = self.backbone.embeddings(
+                record.input_ids,
+                image_rows=[
+                    (first_pad, image)
+                    for (first_pad, _), image in zip(record.image_blocks, images, strict=True)
+                ],
+            )
+            hiddens[row.index] = self.backbone.hidden_states(
+                record.input_ids,
+                prefill_chunk=self.prefill_chunk,
+                pad_last_chunk=True,
+                position_ids=row_positions(record, row.work.images),
+                inputs_embeds=embeds,
+            )
+            self._add_work(tokens=record.input_tokens)
+        return hiddens
+
+    def _decide(self, batch: _Batch, hiddens: dict[int, Tensor]) -> dict[int, Decision]:
+        """Head, softmax, calibration and answers for the rows in ``hiddens``."""
+        if not hiddens:
+            return {}
+        indexes = list(hiddens)
+        rows = [batch.rows[index] for index in indexes]
+        records = [row.work.record for row in rows]
+        layouts = [_layout(record) for record in records]
+        lexicals = [
+            self.lexical.option_means(r.input_ids, [s for q in r.questions for s in q.option_spans])
+            for r in records
+        ]
+        logits = self.head.score_batch([hiddens[i] for i in indexes], layouts, lexicals)
+        decisions = {}
+        for index, row, lg, layout in zip(indexes, rows, logits, layouts, strict=True):
+            probs = [p.tolist() for p in probabilities(lg, layout)]
+            decisions[index] = self.decision(
+                row.work, probs, row.plan.report, row.work.record.input_tokens - row.start_at
+            )
+        with self._work_lock:
+            self.work.requests += len(indexes)
+        return decisions
+
+    def calibrated(self, w: PreparedRequest, probs: list[list[float]]) -> list[list[float]]:
+        """``probs`` with the calibration's temperatures applied per question (unchanged without one)."""
+        calibration = self.calibration
+        if calibration is None:
+            return probs
+        return [
+            calibration.apply(q.question_id, q.question_type, p)
+            for q, p in zip(w.record.questions, probs, strict=True)
+        ]
+
+    def decision(
+        self, w: PreparedRequest, probs: list[list[float]], report: CacheReport, tokens: int
+    ) -> Decision:
+        """The `Decision` for ``w`` from its unrounded, uncalibrated probabilities."""
+        probs = self.calibrated(w, probs)
+        request = w.request
+        answers = {
+            enc.question_id: build_answer(
+                request.questions[enc.question_id], enc.option_ids, p, self.confidence
+            )
+            for enc, p in zip(w.record.questions, probs, strict=True)
+        }
+        return Decision(
+            model=request.model if request.model is not None else self.name,
+            answers=answers,
+            input_tokens=w.record.input_tokens,
+            cache=report,
+            calibration=self.calibration.label if self.calibration is not None else None,
+            timings=RequestTimings(backbone_tokens=tokens),
+            probabilities=probs,
+        )
+
+    def _store(self, row: _Row, segment: StateSegment, points: dict[int, StatePoint]) -> None:
+        """Store what row ``row`` computed from its start in the prefix tree: its segment and its points
+        (absolute positions), the image block as a new root when the run began before it."""
+        w, at = row.work, row.start_at
+        record = w.record
+        state_start, state_end = record.state_start, record.state_end
+        root_part = None
+        if at < state_start:
+            root_point = points.get(state_start)
+            if root_point is None:
+                return  # cannot happen with the planner's points; nothing to hang the state from
+            cut = state_start - at
+            root_part = (segment.slice(0, cut), root_point)
+            if segment.length > cut:
+                segment = segment.slice(cut, segment.length)
+            at = state_start
+        stored = self.state_cache.insert(
+            w.root_key,
+            record.input_ids[state_start:state_end],
+            start=at - state_start,
+            segment=segment,
+            points={p - state_start: point for p, point in points.items() if p > state_start},
+            root_part=root_part,
+        )
+        if not stored and root_part is None:
+            logger.debug("state of %d tokens does not fit the cache budget", state_end)
+
+    def _add_work(
+        self, *, backbone_s: float = 0.0, head_s: float = 0.0, vision_s: float = 0.0, tokens: int = 0
+    ) -> None:
+        with self._work_lock:
+            work = self.work
+            work.backbone_s += backbone_s
+            work.head_s += head_s
+            work.vision_s += vision_s
+            work.backbone_tokens += tokens
+
+    @contextlib.contextmanager
+    def collecting_hidden(self) -> Iterator[dict[int, Tensor]]:
+        """Within the block, the whole hidden rows of every request that completes, by ``id`` of its
+        `PreparedRequest` (for inspection and tests; one collector at a time)."""
+        rows: dict[int, Tensor] = {}
+        self._collect = rows
+        try:
+            yield rows
+        finally:
+            self._collect = None
+
+    def snapshot_work(self) -> ExecutorWork:
+        """A copy of the cumulative work counters."""
+        with self._work_lock:
+            return replace(self.work)

@@ -1,0 +1,602 @@
+"""The engine loop: requests in, one step at a time on one thread, every answer out as soon as it is done.
+
+The loop knows nothing about HTTP. `EngineLoop.submit` queues a prepared request and returns a
+:class:`concurrent.futures.Future` of its `Decision`. One worker thread (the one that owns the model and its
+CPU thread team) repeats: take what arrived, ask the policy (`clef_runtime.engine.policy`) for the next
+step, run it with the runner (`StepRunner`: `clef_runtime.engine.executor.StepExecutor` for a loaded model),
+and resolve the futures of the requests that completed in it, each at the moment its own work is done.
+
+Why one worker thread: the model's forward pass is the bottleneck and already uses every core through
+torch's intra-op threads; two steps at once would only make both slower and double peak memory.
+
+* Cancellation: a request whose future is cancelled (its client went away) leaves the queue at once, or
+  its batch between two chunks; nothing of it is stored.
+* Failure isolation: when a batch raises, its requests are retried one by one, each alone, so only the
+  failing one gets the error.
+* Lanes: ``background=True`` requests (batch-job lines) wait in their own lane with its own bound and run
+  only when no interactive work is waiting or running (the policy's rule); closing fails them (their owner
+  keeps them durably and resumes them after a restart) while interactive requests are drained.
+* Timing: every decision carries its queue time, compute time and the number of steps it took part in.
+
+`EngineLoop.run_until_idle` runs the same steps on the calling thread without a worker: the synchronous
+`Clef.decide_encoded` uses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from clef_runtime.engine.decision import Decision, RequestTimings
+from clef_runtime.engine.policy import Admit, Running, Step, StepSettings, Waiting, compose_step
+
+__all__ = [
+    "EngineLoop",
+    "Estimate",
+    "QueueFullError",
+    "RunningBatch",
+    "SchedulerClosedError",
+    "StepRunner",
+    "StepStats",
+    "WholeRequestRunner",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The bounded queue is full; the caller should retry later (HTTP 429).
+
+    ``retry_after_s`` is the loop's estimate of how long the work now queued takes to clear.
+    """
+
+    def __init__(self, queued: int, retry_after_s: float) -> None:
+        super().__init__(f"the request queue is full ({queued} waiting)")
+        self.queued = queued
+        self.retry_after_s = retry_after_s
+
+
+class SchedulerClosedError(RuntimeError):
+    """The loop is shutting down and accepts no new requests (or dropped a waiting one)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How the policy sees a request before it starts: ``tokens`` to compute, ``group`` (its start point:
+    requests with equal groups can share a batch) and ``hold`` (its state: None when it cannot be shared)."""
+
+    tokens: int
+    group: Hashable = None
+    hold: Hashable | None = None
+
+
+class RunningBatch(Protocol):
+    """Admitted requests computed together; rows are keyed by their index in the admitted list."""
+
+    def remaining(self) -> dict[int, int]:
+        """Tokens every row still in the batch has to compute."""
+        ...
+
+    def advance(self, tokens: int) -> dict[int, Decision]:
+        """Compute the next ``tokens`` tokens of every row; returns the decisions of the rows that
+        completed (they leave the batch)."""
+        ...
+
+    def drop(self, indexes: Iterable[int]) -> None:
+        """Take rows out without completing them."""
+        ...
+
+
+class StepRunner(Protocol):
+    """What the loop needs of an engine."""
+
+    def estimate(self, item: Any) -> Estimate:
+        """The policy's view of ``item`` (may raise for an item that cannot run)."""
+        ...
+
+    def admit(
+        self, items: Sequence[Any], *, share: Collection[Hashable] = (), held: Collection[int] = ()
+    ) -> Sequence[RunningBatch]:
+        """Start ``items`` as one or more batches. ``share``: states that waiting requests want kept;
+        ``held``: indexes of items that waited for another request's state."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did; passed to the ``on_step`` observer."""
+
+    rows: int
+    """Rows (requests) computed in the step."""
+    tokens: int
+    """Padded tokens planned (rows x tokens of every part)."""
+    seconds: float
+    admitted: int
+    completed: int
+    failed: bool
+    """A part of the step raised (its requests were retried alone, or failed)."""
+
+
+@dataclass(eq=False)
+class _Entry:
+    item: Any
+    seq: int
+    background: bool
+    submitted: float
+    work_at_arrival: int
+    future: Future[Decision] = field(default_factory=Future)
+    estimate: Estimate | None = None
+    alone: bool = False
+    held: bool = False
+    started: float | None = None
+    steps: int = 0
+
+
+@dataclass(eq=False)
+class _Batch:
+    key: int
+    handle: RunningBatch
+    entries: dict[int, _Entry]
+    seq: int
+    work_at_arrival: int
+    background: bool
+    remaining_tokens: int = 0
+    """Tokens its rows had left at the last step (read by other threads: the handle is the worker's)."""
+
+
+class EngineLoop:
+    """Runs a `StepRunner` in steps on one worker thread (see the module docstring).
+
+    ``on_step(stats)`` observes every step; ``on_thread_start()`` runs first on the worker thread (e.g. the
+    engine's ``prepare_compute_thread``; an exception there is logged and the worker goes on).
+    """
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        settings: StepSettings,
+        *,
+        max_queue: int = 256,
+        max_background: int = 1024,
+        on_step: Callable[[StepStats], None] | None = None,
+        on_thread_start: Callable[[], None] | None = None,
+        name: str = "clef-engine",
+    ) -> None:
+        if max_queue < 1 or max_background < 1:
+            raise ValueError("max_queue and max_background must be at least 1")
+        self.runner = runner
+        self.settings = settings
+        self.max_queue = max_queue
+        self.max_background = max_background
+        self._on_step = on_step
+        self._on_thread_start = on_thread_start
+        self._name = name
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._batch_keys = itertools.count()
+        self._inbox: list[_Entry] = []
+        self._waiting: list[_Entry] = []
+        self._batches: dict[int, _Batch] = {}
+        self._work_done = 0
+        self._closing = False
+        self._drain = True
+        self._thread: threading.Thread | None = None
+        self._seconds_per_token = 0.0
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent). Raises `SchedulerClosedError` after `close`."""
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("the engine loop is closed")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
+            self._thread.start()
+
+    def submit(self, item: Any, tokens: int | None = None, *, background: bool = False) -> Future[Decision]:
+        """Queue one prepared request; returns the future of its `Decision` (cancel it to drop the request,
+        waiting or running). ``tokens`` is accepted for callers that know it and otherwise unused: the
+        runner estimates the work itself. Raises `QueueFullError` when ``max_queue`` interactive (or
+        ``max_background`` background) requests are waiting, `SchedulerClosedError` after `close`."""
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("the server is shutting down")
+            self._sweep_waiting()
+            waiting = sum(1 for e in (*self._inbox, *self._waiting) if e.background == background)
+            bound = self.max_background if background else self.max_queue
+            if waiting >= bound:
+                raise QueueFullError(waiting, self._estimate_wait_locked())
+            entry = _Entry(item, next(self._seq), background, time.monotonic(), self._work_done)
+            self._inbox.append(entry)
+            self._cond.notify_all()
+        return entry.future
+
+    def wake(self) -> None:
+        """Re-check for work now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def queue_depth(self) -> int:
+        """Interactive requests waiting (not started yet)."""
+        with self._cond:
+            return sum(1 for e in (*self._inbox, *self._waiting) if not e.background)
+
+    @property
+    def background_depth(self) -> int:
+        """Background requests waiting."""
+        with self._cond:
+            return sum(1 for e in (*self._inbox, *self._waiting) if e.background)
+
+    @property
+    def running(self) -> int:
+        """Requests being computed (admitted, not complete)."""
+        with self._cond:
+            return sum(len(batch.entries) for batch in self._batches.values())
+
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called."""
+        return self._closing
+
+    def estimated_wait_s(self) -> float:
+        """Seconds the work now queued and running would take, by the recent seconds per token."""
+        with self._cond:
+            return self._estimate_wait_locked()
+
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests. With ``drain`` the interactive requests accepted are still answered;
+        background ones (and, without ``drain``, every one) fail with `SchedulerClosedError`. Waits up to
+        ``timeout`` seconds for the worker to finish."""
+        with self._cond:
+            self._closing = True
+            self._drain = self._drain and drain
+            for entry in (*self._inbox, *self._waiting):
+                if entry.background or not drain:
+                    _fail(entry, SchedulerClosedError("the server shut down"))
+            self._inbox = [e for e in self._inbox if not e.future.done()]
+            self._waiting = [e for e in self._waiting if not e.future.done()]
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        elif thread is None:
+            # Never started: nothing will run what is left, so fail it rather than hang callers.
+            self._fail_running(SchedulerClosedError("the engine loop was closed before it started"))
+
+    def run_until_idle(self) -> None:
+        """Run steps on the calling thread until nothing is waiting or running (a loop without a worker:
+        `Clef.decide_encoded`). Raises RuntimeError when the worker thread was started."""
+        if self._thread is not None:
+            raise RuntimeError("the loop has a worker thread; run_until_idle is for loops without one")
+        while True:
+            with self._cond:
+                if not self._has_work_locked():
+                    return
+            if not self._step():
+                # The policy always runs something while work is left; a step without parts is a bug, and
+                # looping on it would hang the caller.
+                self._fail_running(RuntimeError("the engine made no progress"))
+                return
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _estimate_wait_locked(self) -> float:
+        per_token = self._seconds_per_token or 1e-3
+        queued = sum(e.estimate.tokens if e.estimate else 0 for e in self._waiting)
+        queued += sum(_input_tokens(e.item) for e in self._inbox)
+        running = sum(b.remaining_tokens for b in self._batches.values())
+        # At least one step: a full queue always has that much ahead of it.
+        return max(queued + running, self.settings.max_step_tokens) * per_token
+
+    def _has_work_locked(self) -> bool:
+        return bool(self._inbox or self._waiting or self._batches)
+
+    def _worker(self) -> None:
+        if self._on_thread_start is not None:
+            try:
+                self._on_thread_start()
+            except Exception:  # a slower thread is better than no worker: callers would hang forever
+                logger.exception("engine thread start hook failed")
+        while True:
+            with self._cond:
+                while not self._has_work_locked() and not self._closing:
+                    self._cond.wait()
+                if not self._has_work_locked():
+                    return  # closing and drained
+                if self._closing and not self._drain:
+                    self._fail_running_locked(SchedulerClosedError("the server shut down"))
+                    return
+            try:
+                if not self._step():
+                    with self._cond:  # nothing could run now (e.g. only cancelled requests were left)
+                        self._cond.wait(0.05)
+            except BaseException:  # never let the worker die: callers would hang forever
+                logger.exception("engine loop error")
+                self._fail_running(RuntimeError("internal engine loop error"))
+
+    def _sweep_waiting(self) -> None:
+        self._waiting = [e for e in self._waiting if not e.future.cancelled()]
+        self._inbox = [e for e in self._inbox if not e.future.cancelled()]
+
+    def _take_arrivals(self) -> None:
+        """Estimate what arrived (outside the lock: the runner looks the state cache up)."""
+        with self._cond:
+            arrived, self._inbox = self._inbox, []
+        ready = []
+        for entry in arrived:
+            try:
+                entry.estimate = self.runner.estimate(entry.item)
+            except Exception as exc:
+                _fail(entry, exc)
+                continue
+            ready.append(entry)
+        with self._cond:
+            self._waiting.extend(ready)
+            self._waiting.sort(key=lambda e: e.seq)
+
+    def _views(self) -> tuple[list[Waiting], list[Running]]:
+        waiting = []
+        for entry in self._waiting:
+            estimate = entry.estimate
+            assert estimate is not None
+            waiting.append(
+                Waiting(
+                    key=entry.seq,
+                    tokens=estimate.tokens,
+                    seq=entry.seq,
+                    work_at_arrival=entry.work_at_arrival,
+                    background=entry.background,
+                    group=estimate.group,
+                    hold=estimate.hold,
+                    alone=entry.alone,
+                )
+            )
+        running = []
+        for batch in self._batches.values():
+            remaining = batch.handle.remaining()
+            batch.remaining_tokens = sum(remaining.values())
+            running.append(
+                Running(
+                    key=batch.key,
+                    remaining=tuple(remaining[i] for i in batch.entries),
+                    seq=batch.seq,
+                    work_at_arrival=batch.work_at_arrival,
+                    background=batch.background,
+                    holds=frozenset(
+                        e.estimate.hold for e in batch.entries.values() if e.estimate and e.estimate.hold
+                    ),
+                )
+            )
+        return waiting, running
+
+    def _step(self) -> bool:
+        """Run one step. Returns False when work is left but nothing could run."""
+        self._take_arrivals()
+        self._drop_cancelled_rows()
+        with self._cond:
+            self._sweep_waiting()
+            if not self._waiting and not self._batches:
+                return True  # nothing left (new arrivals are taken by the next step)
+            waiting, running = self._views()
+            step = compose_step(waiting, running, work_done=self._work_done, settings=self.settings)
+            if not step:
+                return False
+            by_seq = {e.seq: e for e in self._waiting}
+            admitted = {key for part in step.parts if isinstance(part, Admit) for key in part.keys}
+            self._waiting = [e for e in self._waiting if e.seq not in admitted]
+            wanted = {e.estimate.hold for e in self._waiting if e.estimate and e.estimate.hold is not None}
+            busy = {hold for view in running for hold in view.holds}
+            busy |= {by_seq[k].estimate.hold for k in admitted if by_seq[k].estimate}  # type: ignore[union-attr]
+            for entry in self._waiting:
+                if entry.estimate is not None and entry.estimate.hold in busy:
+                    entry.held = True
+        started = time.monotonic()
+        completed, failed = self._run(step, by_seq, wanted, started)
+        seconds = time.monotonic() - started
+        with self._cond:
+            self._work_done += step.tokens
+            if step.tokens:
+                per_token = seconds / step.tokens
+                self._seconds_per_token = (
+                    per_token
+                    if not self._seconds_per_token
+                    else 0.8 * self._seconds_per_token + 0.2 * per_token
+                )
+            if completed:
+                self._reestimate_held_locked()
+            self._cond.notify_all()
+        if self._on_step is not None:
+            stats = StepStats(step.rows, step.tokens, seconds, len(admitted), completed, failed)
+            try:
+                self._on_step(stats)
+            except Exception:  # an observer bug must not fail requests
+                logger.exception("on_step observer failed")
+        return True
+
+    def _reestimate_held_locked(self) -> None:
+        """Requests that waited for a state being computed: look again (it may be cached now)."""
+        for entry in self._waiting:
+            if entry.held:
+                try:
+                    entry.estimate = self.runner.estimate(entry.item)
+                except Exception as exc:  # the same call succeeded at arrival; keep the old figure
+                    logger.debug("re-estimating a held request failed: %s", exc)
+
+    def _run(
+        self, step: Step, by_seq: dict[int, _Entry], wanted: set[Hashable], started: float
+    ) -> tuple[int, bool]:
+        """Run the parts of ``step`` in order; returns (requests completed, whether a part failed)."""
+        completed, failed = 0, False
+        for part in step.parts:
+            if isinstance(part, Admit):
+                entries = [by_seq[key] for key in part.keys]
+                for entry in entries:
+                    entry.started = entry.started or started
+                batches = self._admit(entries, wanted)
+                if batches is None:
+                    failed = True
+                    continue
+                targets = batches
+            else:
+                batch = self._batches.get(part.key)
+                if batch is None:
+                    continue
+                targets = [batch]
+            for batch in targets:
+                done, ok = self._advance(batch, part.tokens)
+                completed += done
+                failed = failed or not ok
+        return completed, failed
+
+    def _admit(self, entries: list[_Entry], wanted: set[Hashable]) -> list[_Batch] | None:
+        held = [i for i, e in enumerate(entries) if e.held]
+        try:
+            handles = self.runner.admit([e.item for e in entries], share=wanted, held=held)
+        except Exception as exc:
+            self._isolate(entries, exc)
+            return None
+        batches = []
+        for handle in handles:
+            own = {index: entries[index] for index in handle.remaining()}
+            first = min(own.values(), key=lambda e: e.seq)
+            batch = _Batch(
+                next(self._batch_keys),
+                handle,
+                own,
+                first.seq,
+                first.work_at_arrival,
+                all(e.background for e in own.values()),
+            )
+            with self._cond:
+                self._batches[batch.key] = batch
+            batches.append(batch)
+        return batches
+
+    def _advance(self, batch: _Batch, tokens: int) -> tuple[int, bool]:
+        for entry in batch.entries.values():
+            entry.steps += 1
+        try:
+            decisions = batch.handle.advance(tokens)
+        except Exception as exc:
+            with self._cond:
+                self._batches.pop(batch.key, None)
+            self._isolate(list(batch.entries.values()), exc)
+            return 0, False
+        now = time.monotonic()
+        for index, decision in decisions.items():
+            entry = batch.entries.pop(index)
+            started = entry.started or now
+            timings = RequestTimings(
+                queue_s=started - entry.submitted,
+                compute_s=now - started,
+                steps=entry.steps,
+                backbone_tokens=decision.timings.backbone_tokens,
+            )
+            if entry.future.set_running_or_notify_cancel():
+                entry.future.set_result(replace(decision, timings=timings))
+        if not batch.entries:
+            with self._cond:
+                self._batches.pop(batch.key, None)
+        return len(decisions), True
+
+    def _isolate(self, entries: list[_Entry], exc: Exception) -> None:
+        """A batch of ``entries`` failed: retry them one by one (alone), or fail the only one."""
+        live = [e for e in entries if not e.future.cancelled()]
+        if len(live) == 1 and (live[0].alone or len(entries) == 1):
+            _fail(live[0], exc)
+            return
+        logger.warning("a batch of %d failed (%s); retrying its requests one by one", len(entries), exc)
+        with self._cond:
+            for entry in live:
+                entry.alone = True
+                entry.held = False
+                self._waiting.append(entry)
+            self._waiting.sort(key=lambda e: e.seq)
+
+    def _drop_cancelled_rows(self) -> None:
+        with self._cond:
+            batches = list(self._batches.values())
+        for batch in batches:
+            gone = [index for index, entry in batch.entries.items() if entry.future.cancelled()]
+            if not gone:
+                continue
+            batch.handle.drop(gone)
+            for index in gone:
+                del batch.entries[index]
+            if not batch.entries:
+                with self._cond:
+                    self._batches.pop(batch.key, None)
+
+    def _fail_running(self, exc: BaseException) -> None:
+        with self._cond:
+            self._fail_running_locked(exc)
+
+    def _fail_running_locked(self, exc: BaseException) -> None:
+        for batch in self._batches.values():
+            for entry in batch.entries.values():
+                _fail(entry, exc)
+        self._batches.clear()
+        for entry in (*self._inbox, *self._waiting):
+            _fail(entry, exc)
+        self._inbox, self._waiting = [], []
+
+
+def _input_tokens(item: Any) -> int:
+    """The input tokens of a prepared request not estimated yet (0 when it does not say)."""
+    record = getattr(item, "record", None)
+    return int(getattr(record, "input_tokens", 0))
+
+
+def _fail(entry: _Entry, exc: BaseException) -> None:
+    if entry.future.set_running_or_notify_cancel():
+        entry.future.set_exception(exc)
+
+
+class WholeRequestRunner:
+    """A `StepRunner` for an engine that answers whole requests only (``decide(items) -> decisions``): an
+    admitted batch completes in its first advance, whatever the step's tokens. ``tokens(item)`` is the
+    work of an item (its input tokens)."""
+
+    def __init__(
+        self, decide: Callable[[list[Any]], Sequence[Decision]], tokens: Callable[[Any], int]
+    ) -> None:
+        self._decide = decide
+        self._tokens = tokens
+
+    def estimate(self, item: Any) -> Estimate:
+        return Estimate(self._tokens(item))
+
+    def admit(
+        self, items: Sequence[Any], *, share: Collection[Hashable] = (), held: Collection[int] = ()
+    ) -> list[RunningBatch]:
+        return [_WholeBatch(self, dict(enumerate(items)))]
+
+
+class _WholeBatch:
+    def __init__(self, runner: WholeRequestRunner, items: dict[int, Any]) -> None:
+        self._runner = runner
+        self._items = items
+
+    def remaining(self) -> dict[int, int]:
+        return {index: self._runner._tokens(item) for index, item in self._items.items()}
+
+    def advance(self, tokens: int) -> dict[int, Decision]:
+        indexes = list(self._items)
+        decisions = list(self._runner._decide([self._items[i] for i in indexes]))
+        if len(decisions) != len(indexes):
+            raise RuntimeError(f"the engine returned {len(decisions)} decisions for {len(indexes)} requests")
+        self._items = {}
+        return dict(zip(indexes, decisions, strict=True))
+
+    def drop(self, indexes: Iterable[int]) -> None:
+        for index in indexes:
+            self._items.pop(index, None)
