@@ -423,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
     if args.command in ("decide", "serve", "bench", "eval", "calibrate", "compare"):
         # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
-        # `clef serve` runs the model on its batcher thread, which starts its own thread team: one started
+        # `clef serve` runs the model on its engine thread, which starts its own thread team: one started
         # here on the main thread as well would slow it (configure_cpu_threads says why).
         from clef_runtime.model.kernels import configure_cpu_threads
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from clef_runtime.engine.scheduler import QueueFullError
+from clef_runtime.engine.loop import QueueFullError
 from clef_runtime.jobs.runner import JobRunner, RetryLaterError
 from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore, LineResult
 from clef_runtime.server.errors import ApiError
@@ -147,7 +147,7 @@ class DyingReplicas:
         if self.calls <= self.deaths:
             return Outcome(ActorDiedError())
         report = {"replica": "r1", "pid": 1, "cache": {}}
-        return Outcome({**answer(prepared.request["state"]), "x_replica_report": report})
+        return Outcome({"decision": answer(prepared.request["state"]), "x_replica_report": report})
 
 
 def test_a_line_whose_two_replicas_died_under_ray_is_retried_not_failed(store: JobStore) -> None:

@@ -107,11 +107,11 @@ def measure(engine: Clef, bodies: Sequence[dict[str, Any]], seed: int = 0) -> De
     repeat_identical = True
     for item in prepared:
         engine.clear_cache()
-        probabilities = engine._probabilities([item])[0]
+        probabilities = engine.probabilities_encoded([item])[0]
         engine.clear_cache()
-        response = engine.decide_encoded([item])[0]
+        response = engine.decide_many([item])[0]
         engine.clear_cache()
-        again = engine.decide_encoded([item])[0]
+        again = engine.decide_many([item])[0]
         repeat_identical &= json.dumps(response).encode() == json.dumps(again).encode()
         cold.append(probabilities)
         cold_wire.append(_wire_values(response))
@@ -127,9 +127,9 @@ def measure(engine: Clef, bodies: Sequence[dict[str, Any]], seed: int = 0) -> De
         position += len(group)
         batches += 1
         engine.clear_cache()
-        probabilities = engine._probabilities([prepared[i] for i in group])
+        probabilities = engine.probabilities_encoded([prepared[i] for i in group])
         engine.clear_cache()
-        responses = engine.decide_encoded([prepared[i] for i in group])
+        responses = engine.decide_many([prepared[i] for i in group])
         for index, probs, response in zip(group, probabilities, responses, strict=True):
             batched_max = max(batched_max, _max_difference(probs, cold[index]))
             wire = _wire_values(response)
@@ -142,9 +142,9 @@ def measure(engine: Clef, bodies: Sequence[dict[str, Any]], seed: int = 0) -> De
     hits_before = engine.cache_stats()["hits"]
     for index, item in enumerate(prepared):
         engine.clear_cache()
-        engine._probabilities([item])  # cold: stores the state
-        probabilities = engine._probabilities([item])[0]  # a hit
-        response = engine.decide_encoded([item])[0]  # a hit
+        engine.probabilities_encoded([item])  # cold: stores the state
+        probabilities = engine.probabilities_encoded([item])[0]  # a hit
+        response = engine.decide_many([item])[0]  # a hit
         hit_max = max(hit_max, _max_difference(probabilities, cold[index]))
         wire = _wire_values(response)
         hit_wire_max = max(hit_wire_max, max(abs(a - b) for a, b in zip(wire, cold_wire[index], strict=True)))

@@ -40,7 +40,7 @@ def test_a_worker_exception_fails_only_its_request_and_batch_mates_are_retried_a
     serve_fake: Callable[..., Served],
 ) -> None:
     engine = GatedEngine()
-    served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
+    served = serve_fake(engine, max_batch_size=8)
     bodies = [{**REQUEST, "state": f"mate {i}"} for i in range(5)]
     bodies.insert(2, {**REQUEST, "state": f"bad {FAIL_MARKER}"})
     first, responses = send_behind_a_held_call(served, engine, bodies, {**REQUEST, "state": "holder"})
@@ -57,7 +57,7 @@ def test_a_worker_exception_fails_only_its_request_and_batch_mates_are_retried_a
     assert all(len(batch) == 1 for batch in engine.batches[2:])  # ... and each was retried alone
     assert sorted(batch[0] for batch in engine.batches[2:]) == states
     # The shared call and the failing request's retry alone.
-    assert "clef_batch_failures_total 2.0" in served.client.get("/metrics").text
+    assert "clef_step_failures_total 2.0" in served.client.get("/metrics").text
 
 
 class MemoryBoundEngine(GatedEngine):
@@ -83,7 +83,7 @@ def test_a_batch_too_large_for_memory_is_split_and_a_request_too_large_alone_is_
     serve_fake: Callable[..., Served], error: type[BaseException]
 ) -> None:
     engine = MemoryBoundEngine(error)
-    served = serve_fake(engine, batch_window_ms=0, max_batch_size=8)
+    served = serve_fake(engine, max_batch_size=8)
     bodies = [{**REQUEST, "state": f"row {i}"} for i in range(4)] + [{**REQUEST, "state": "HUGE input"}]
     first, responses = send_behind_a_held_call(served, engine, bodies, {**REQUEST, "state": "holder"})
     assert first.status_code == 200
@@ -187,7 +187,7 @@ def test_while_stopping_accepted_requests_finish_and_new_ones_get_503(
     """The drain half of SIGTERM (the signal itself is tested in tests/server/test_live.py): once the
     runtime is stopping, a new request is 503 ``not_ready`` with Retry-After, the accepted one still 200."""
     engine = GatedEngine()
-    served = serve_fake(engine, batch_window_ms=0)
+    served = serve_fake(engine)
     runtime = served.app.state.runtime
     with ThreadPoolExecutor(2) as pool:
         accepted = pool.submit(post, served.client, {**REQUEST, "state": "accepted"})

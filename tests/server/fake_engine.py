@@ -5,7 +5,8 @@ Tokens are whitespace-separated words of the rendered text (so tests can build i
 Answers are pseudo-random but a pure function of the request: the same request always gets the same
 answer, different requests (almost surely) different ones, which lets tests check that every response went
 to the request that asked for it. A request whose state contains ``FAIL_MARKER`` makes ``decide_encoded``
-raise, to test failure isolation; ``delay_s`` makes each engine call slow, to fill queues.
+raise, to test failure isolation; ``delay_s`` makes each engine call slow, to fill queues. The engine loop
+drives it through `WholeRequestRunner`: every admitted batch is answered by one ``decide_encoded`` call.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.loop import WholeRequestRunner
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.errors import InputTooLongError
 from clef_runtime.protocol.images import extract_images
@@ -80,6 +83,7 @@ class FakeClef:
     calibration_card = None
     device = "cpu"
     weight_mode = "fp32"
+    step_tokens = 16384
 
     def __init__(
         self,
@@ -128,8 +132,11 @@ class FakeClef:
         ids = tuple(range(fixed + kept))
         return FakeRecord(ids, tuple(parsed.questions), len(state_words) - kept, PREFIX_TOKENS + kept)
 
-    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+    def warmup(self, *, max_rows: int = 32) -> None:
         time.sleep(self.warmup_s)
+
+    def runner(self) -> WholeRequestRunner:
+        return WholeRequestRunner(self.decide_encoded, lambda item: item.record.input_tokens)
 
     def cache_stats(self) -> dict[str, int]:
         return {}  # no state cache
@@ -141,9 +148,9 @@ class FakeClef:
         self.compute_thread = threading.current_thread().name
 
     def decide(self, request: Any) -> dict[str, Any]:
-        return self.decide_encoded([self.prepare(request)])[0]
+        return self.decide_encoded([self.prepare(request)])[0].body()
 
-    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[dict[str, Any]]:
+    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[Decision]:
         with self._lock:
             self.calls_in_progress += 1
             self.max_concurrent_calls = max(self.max_concurrent_calls, self.calls_in_progress)
@@ -159,23 +166,14 @@ class FakeClef:
             with self._lock:
                 self.calls_in_progress -= 1
 
-    def _answer(self, request: SystemOneRequest, record: FakeRecord) -> dict[str, Any]:
+    def _answer(self, request: SystemOneRequest, record: FakeRecord) -> Decision:
         answers: dict[str, Any] = {}
         for qid, question in request.questions.items():
             seed_text = _render(request.state) + "\x00" + qid + "\x00" + question.model_dump_json()
             rng = random.Random(hashlib.sha256(seed_text.encode()).digest())
             answers[qid] = expected_answer(question, rng)
-        # The engine contract's state-cache report; this engine has no cache: every state is a miss.
-        return {
-            "model": request.model or self.name,
-            "answers": answers,
-            "usage": {
-                "input_tokens": record.input_tokens,
-                "output_tokens": 0,
-                "input_tokens_details": {"cached_tokens": 0},
-            },
-            "x_state_cache": "miss",
-        }
+        # This engine has no state cache: every state is a miss (the decision's default report).
+        return Decision(model=request.model or self.name, answers=answers, input_tokens=record.input_tokens)
 
 
 class GatedEngine(FakeClef):
@@ -187,7 +185,7 @@ class GatedEngine(FakeClef):
         self.gate = threading.Event()
         self.first_entered = threading.Event()
 
-    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[dict[str, Any]]:
+    def decide_encoded(self, items: Sequence[FakePrepared]) -> list[Decision]:
         if not self.first_entered.is_set():
             self.first_entered.set()
             assert self.gate.wait(20)

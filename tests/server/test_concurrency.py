@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from clef_runtime.engine.decision import CacheReport, Decision
 from clef_runtime.protocol.systemone import SystemOneRequest
 from tests.server.conftest import Served, send_behind_a_held_call
 from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
@@ -32,7 +35,7 @@ def test_queue_full_is_429_with_retry_after(serve_fake: Callable[..., Served]) -
         return original(items)
 
     engine.decide_encoded = held  # type: ignore[method-assign]
-    served = serve_fake(engine, max_queue=1, batch_window_ms=0)
+    served = serve_fake(engine, max_queue=1)
     runtime = served.app.state.runtime
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(post, served.client, {**REQUEST, "state": "first"})
@@ -52,7 +55,7 @@ def test_64_concurrent_mixed_requests_each_get_their_own_answer(serve_fake: Call
     # The engine holds its first call until the other 63 requests are queued behind it: they are then
     # batched whatever the machine's speed (no dependence on arrival times).
     engine = GatedEngine()
-    served = serve_fake(engine, batch_window_ms=0)
+    served = serve_fake(engine)
     bodies = mixed_requests(64)
     sequential = [FakeClef().decide(body) for body in bodies]
     first, rest = send_behind_a_held_call(served, engine, bodies[1:], bodies[0])
@@ -67,11 +70,14 @@ def test_64_concurrent_mixed_requests_each_get_their_own_answer(serve_fake: Call
 
 
 def test_a_failing_request_does_not_fail_its_batch_mates(serve_fake: Callable[..., Served]) -> None:
-    served = serve_fake(FakeClef(delay_s=0.05), batch_window_ms=50)
-    bodies = [{**REQUEST, "state": f"ok {i}"} for i in range(5)] + [{**REQUEST, "state": FAIL_MARKER}]
-    with ThreadPoolExecutor(6) as pool:
-        responses = list(pool.map(lambda body: post(served.client, body), bodies))
-    assert [r.status_code for r in responses] == [200] * 5 + [500]
+    engine = GatedEngine()
+    served = serve_fake(engine)
+    bodies = [{**REQUEST, "state": f"ok {i}"} for i in range(4)] + [{**REQUEST, "state": FAIL_MARKER}]
+    first, rest = send_behind_a_held_call(served, engine, bodies, {**REQUEST, "state": "held"})
+    assert first.status_code == 200
+    assert [r.status_code for r in rest] == [200] * 4 + [500]
+    # The five were computed as one batch, which failed; then each alone: only the culprit failed.
+    assert len(engine.batches[1]) == 5 and all(len(batch) == 1 for batch in engine.batches[2:])
 
 
 def test_deterministic_mode_gives_identical_bytes_and_runs_requests_alone(
@@ -93,12 +99,11 @@ class CachingEngine(FakeClef):
         super().__init__(**kwargs)
         self.seen: set[str] = set()
 
-    def _answer(self, request: SystemOneRequest, record: Any) -> dict[str, Any]:
+    def _answer(self, request: SystemOneRequest, record: Any) -> Decision:
         answer = super()._answer(request, record)
         state = json.dumps(request.state, sort_keys=True)
         if state in self.seen:
-            answer["x_state_cache"] = "hit"
-            answer["usage"]["input_tokens_details"]["cached_tokens"] = max(1, record.input_tokens // 2)
+            answer = dataclasses.replace(answer, cache=CacheReport("hit", max(1, record.input_tokens // 2)))
         self.seen.add(state)
         return answer
 
@@ -133,3 +138,29 @@ def test_deterministic_mode_keeps_the_cache_report_in_headers_only(serve_fake: C
     assert second.json()["usage"]["input_tokens_details"]["cached_tokens"] == 0
     assert (first.headers["x-clef-state-cache"], second.headers["x-clef-state-cache"]) == ("miss", "hit")
     assert int(second.headers["x-clef-cached-tokens"]) > 0
+
+
+def test_every_answer_says_how_its_time_went(serve_fake: Callable[..., Served]) -> None:
+    engine = GatedEngine()
+    served = serve_fake(engine)
+    runtime = served.app.state.runtime
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, served.client, REQUEST)
+        assert engine.first_entered.wait(10)
+        queued = pool.submit(post, served.client, {**REQUEST, "state": "second"})
+        wait_for(lambda: runtime.queue_depth() == 1)
+        time.sleep(0.2)  # the second request waits at least this long for its first step
+        engine.gate.set()
+        responses = [first.result(10), queued.result(10)]
+    for response in responses:
+        headers = response.headers
+        assert int(headers["x-clef-steps"]) == 1  # the fake engine answers a request in one step
+        assert int(headers["x-compute-tokens"]) == response.json()["usage"]["input_tokens"]
+        assert (
+            int(headers["x-total-time"])
+            >= int(headers["x-queue-time"]) + int(headers["x-inference-time"]) - 1
+        )
+    assert int(responses[0].headers["x-inference-time"]) >= 200  # held by the gate while computing
+    assert int(responses[1].headers["x-queue-time"]) >= 200
+    text = served.client.get("/metrics").text
+    assert "clef_queue_wait_seconds_count 2.0" in text and "clef_request_steps_count 2.0" in text

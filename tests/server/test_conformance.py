@@ -268,9 +268,9 @@ def test_64_concurrent_mixed_requests_equal_their_sequential_answers(tiny_server
     print(f"largest difference batched vs alone: {worst:.2e}")
     assert worst <= 1e-4 + 1e-12
     metrics = httpx.get(tiny_server.url + "/metrics").text
-    batch_counts = re.findall(r'^clef_batch_size_bucket\{le="1.0"\} ([0-9.]+)$', metrics, re.MULTILINE)
-    batches = re.findall(r"^clef_batch_size_count ([0-9.]+)$", metrics, re.MULTILINE)
-    assert float(batches[0]) > float(batch_counts[0])  # some engine calls carried more than one request
+    single = re.findall(r'^clef_step_rows_bucket\{le="1.0"\} ([0-9.]+)$', metrics, re.MULTILINE)
+    steps = re.findall(r"^clef_step_rows_count ([0-9.]+)$", metrics, re.MULTILINE)
+    assert float(steps[0]) > float(single[0])  # some engine steps computed more than one request
 
 
 # ------------------------------------------------------------------------------------ bad input, live

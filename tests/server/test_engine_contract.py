@@ -17,7 +17,7 @@ from clef_runtime.engine.contract import DecisionEngine
 from clef_runtime.scale.ray_serve import IngressEngine
 from tests.server.fake_engine import FakeClef
 
-METHODS = ["prepare", "decide_encoded", "warmup", "cache_stats", "replica_status", "prepare_compute_thread"]
+METHODS = ["prepare", "runner", "warmup", "cache_stats", "replica_status", "prepare_compute_thread"]
 ATTRIBUTES = [
     "name",
     "description",
@@ -28,6 +28,7 @@ ATTRIBUTES = [
     "options",
     "device",
     "weight_mode",
+    "step_tokens",
 ]
 ENGINES = [Clef, IngressEngine, FakeClef]
 
@@ -92,7 +93,7 @@ def _engine_members_used_by_the_server() -> set[str]:
 
 def test_the_server_uses_only_the_contract() -> None:
     used = _engine_members_used_by_the_server()
-    assert "decide_encoded" in used  # the scan sees the server's calls
+    assert "runner" in used  # the scan sees the server's calls
     assert used <= set(METHODS) | set(ATTRIBUTES), used - set(METHODS) - set(ATTRIBUTES)
 
 
@@ -124,9 +125,9 @@ def test_the_lookup_scan_sees_a_lookup(tmp_path: Path, monkeypatch: pytest.Monke
     assert _dynamic_lookups_in_the_server() == ["routes.py:2"]
 
 
-def test_the_batcher_thread_prepares_itself_for_compute(serve_fake: Any) -> None:
-    # The thread that runs decide_encoded is the one that starts the CPU thread team (model/kernels.py).
+def test_the_engine_thread_prepares_itself_for_compute(serve_fake: Any) -> None:
+    # The thread that runs every engine step is the one that starts the CPU thread team (model/kernels.py).
     served = serve_fake()
     response = served.client.post("/v1/systemone", json={"state": "x", "questions": {"q": {"type": "noul"}}})
     assert response.status_code == 200
-    assert served.engine.compute_thread == "clef-batcher"
+    assert served.engine.compute_thread == "clef-engine"

@@ -64,7 +64,7 @@ def test_a_client_that_disconnects_while_queued_costs_no_compute(
     live_fake: Callable[..., LiveServer],
 ) -> None:
     engine = HeldEngine()
-    live = live_fake(engine, batch_window_ms=0)
+    live = live_fake(engine)
     runtime = live.app.state.runtime
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=live.url, timeout=20) as client:
         first = pool.submit(client.post, "/v1/systemone", json={"state": "first", "questions": {"q": NOUL}})
@@ -87,7 +87,7 @@ def test_a_client_that_disconnects_while_running_does_not_disturb_the_server(
     live_fake: Callable[..., LiveServer],
 ) -> None:
     engine = HeldEngine()
-    live = live_fake(engine, batch_window_ms=0)
+    live = live_fake(engine)
     quitter = _raw_post(live.port, {"state": "quitter", "questions": {"q": NOUL}})
     assert engine.entered.acquire(timeout=10)
     quitter.close()
@@ -106,7 +106,7 @@ SERVE_FAKE = textwrap.dedent(
     from clef_runtime.server.settings import ServerSettings
     from tests.server.fake_engine import FakeClef
     configure_logging("info")
-    settings = ServerSettings(model="fake", port=int(sys.argv[1]), batch_window_ms=0, max_batch_size=2)
+    settings = ServerSettings(model="fake", port=int(sys.argv[1]), max_batch_size=2)
     engine = FakeClef(delay_s=float(sys.argv[2]), warmup_s=float(sys.argv[3]))
 
     def factory(s):

@@ -109,13 +109,12 @@ def engine() -> Clef:
 
 @pytest.fixture(scope="module")
 def servers(engine: Clef) -> Iterator[dict[str, Live]]:
-    """One server per confidence mode; the engines are shallow copies sharing the weights."""
+    """One server per confidence mode; the engines share the loaded weights."""
     started: dict[str, Live] = {}
     try:
         for mode in ("seed", "typesafe", "workers-ai"):
-            copy_ = copy.copy(engine)
-            copy_.options = engine.options.replace(confidence=mode)
-            started[mode] = Live(copy_, api_keys=("test-key",))
+            own = Clef(engine.model, engine.options.replace(confidence=mode))
+            started[mode] = Live(own, api_keys=("test-key",))
         yield started
     finally:
         for live in started.values():

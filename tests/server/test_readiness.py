@@ -19,7 +19,7 @@ class LoadingEngine(FakeClef):
         super().__init__()
         self.loaded = threading.Event()
 
-    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+    def warmup(self, *, max_rows: int = 32) -> None:
         assert self.loaded.wait(10)
 
 

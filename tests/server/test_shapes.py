@@ -160,7 +160,8 @@ def test_metrics_count_requests_tokens_and_batches(client: TestClient) -> None:
     assert 'clef_requests_total{method="POST",route="/v1/systemone",status="422"} 1.0' in text
     assert 'clef_request_duration_seconds_bucket{le="+Inf",route="/v1/systemone"} 2.0' in text
     assert "clef_input_tokens_count 1.0" in text
-    assert "clef_batch_size_count 1.0" in text
+    assert "clef_step_rows_count 1.0" in text
+    assert "clef_compute_seconds_count 1.0" in text and "clef_request_steps_count 1.0" in text
     assert "clef_queue_depth 0.0" in text
     assert 'clef_questions_total{type="noul"} 1.0' in text
     assert "clef_model_ready 1.0" in text

@@ -1,4 +1,4 @@
-"""Qwen3.5's special token ids that the prompt, the batcher and the tiny checkpoint depend on.
+"""Qwen3.5's special token ids that the prompt, the padded batches and the tiny checkpoint depend on.
 
 A leaf module (no tokenizer import): the encoder and the model read the ids without loading a tokenizer.
 Source: the tokenizer of the Qwen3.5 release (Hugging Face ``Qwen/Qwen3.5-9B``, ``tokenizer_config.json``

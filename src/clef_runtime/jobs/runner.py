@@ -1,9 +1,9 @@
-"""The job runner: one thread that answers stored job lines through the batcher's background lane.
+"""The job runner: one thread that answers stored job lines through the engine loop's background lane.
 
 It takes the oldest unfinished job of its model and that job's next lines without a result
 (`JobStore.next_lines`; jobs submitted to another model are left queued for a server of that model),
 prepares them (validation + encoding, as an interactive request), submits them as background items (they
-run only when no interactive request is waiting, see `clef_runtime.engine.scheduler`), and commits each
+run only when no interactive request waits or runs, see `clef_runtime.engine.policy`), and commits each
 outcome as it arrives. A line whose answer was not committed when the process died has no result and is
 taken again after the restart; a committed one is never recomputed: no line lost, none answered twice.
 
@@ -25,7 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
+from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.loop import QueueFullError, SchedulerClosedError
 from clef_runtime.jobs.store import JobModel, JobStore, JobStoreUnavailable
 from clef_runtime.protocol.errors import ClefError, RequestValidationError
 
@@ -65,7 +66,7 @@ def error_object(exc: BaseException) -> dict[str, Any]:
 class JobRunner:
     """Answers the job lines of ``model`` in the background. ``prepare(request_dict) -> (item, tokens,
     extras)`` validates and encodes one request (``extras`` are merged into the response, e.g.
-    ``x_truncated_state_tokens``); ``submit(item, tokens) -> Future`` queues it in the batcher's background
+    ``x_truncated_state_tokens``); ``submit(item, tokens) -> Future`` queues it in the engine's background
     lane. A failure in `TEMPORARY_FAILURES` leaves the line for a later try, ``retry_delay_s`` later."""
 
     def __init__(
@@ -73,7 +74,7 @@ class JobRunner:
         store: JobStore,
         model: JobModel,
         prepare: Callable[[Any], tuple[Any, int, dict[str, Any]]],
-        submit: Callable[[Any, int], Future[dict[str, Any]]],
+        submit: Callable[[Any, int], Future[Decision] | Future[dict[str, Any]]],
         *,
         window: int = DEFAULT_WINDOW,
         on_line: Callable[[bool], None] | None = None,
@@ -101,7 +102,7 @@ class JobRunner:
         self._wake.set()
 
     def stop(self, timeout: float | None = 10) -> None:
-        """Stop after the lines in flight (their futures fail when the batcher closes; they stay
+        """Stop after the lines in flight (their futures fail when the engine loop closes; they stay
         unanswered in the store and are resumed after a restart)."""
         self._stopping.set()
         self._wake.set()
@@ -150,7 +151,7 @@ class JobRunner:
             return False
         job_id, lines = found
         self.store.mark_running(job_id)
-        in_flight: list[tuple[int, Future[dict[str, Any]], dict[str, Any]]] = []
+        in_flight: list[tuple[int, Future[Any], dict[str, Any]]] = []
         deferred: BaseException | None = None
         for line in lines:
             try:
@@ -181,7 +182,8 @@ class JobRunner:
             except Exception as exc:
                 self._record(job_id, number, False, error_object(exc))
                 continue
-            self._record(job_id, number, True, {**response, **extras})
+            body = response.body() if isinstance(response, Decision) else response
+            self._record(job_id, number, True, {**body, **extras})
         self.store.finish_if_done(job_id)
         if deferred is not None:
             delay = self._retry_delay_s

@@ -7,7 +7,7 @@ Two deployments form one Ray Serve application:
   weights): it validates and encodes each request to find its state key, then the `ReplicaDispatcher`
   sends the request body to a model replica through a deployment handle, with the key as ``state_key``.
 - ``ClefModel`` (``--replicas N``, or autoscaled between ``--min-replicas`` and ``--max-replicas`` on queue
-  length) each own one engine: a `Clef` with its batcher and state cache. Their handle routes with
+  length) each own one engine: a `Clef` with its engine loop and state cache. Their handle routes with
   `clef_runtime.scale.router.StateAffinityRouter`: the replica that owns the state key by consistent hashing
   gets the request, so a state computed once stays warm.
 
@@ -31,7 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
-from clef_runtime.engine.scheduler import QueueFullError, SchedulerClosedError
+from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.loop import QueueFullError, SchedulerClosedError
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.options import EngineOptions
@@ -108,7 +109,7 @@ def _alive_model_replicas() -> set[str]:
 class IngressEngine:
     """The engine contract (`clef_runtime.engine.contract.DecisionEngine`) of the ingress, without the
     weights: it prepares requests (for their state keys and limits) and describes the model and its
-    replicas; ``decide_encoded`` is never called (the dispatcher sends requests to the replicas)."""
+    replicas; it has no runner (the dispatcher sends requests to the replicas)."""
 
     def __init__(self, settings: ServerSettings, handle: Any, reports: ReplicaReports) -> None:
         from clef_runtime.engine.preparer import RequestPreparer
@@ -129,17 +130,18 @@ class IngressEngine:
         self.options: EngineOptions = info["options"]
         self.device: str = info["device"]
         self.weight_mode: str = info["weight_mode"]
+        self.step_tokens: int = info["step_tokens"]
         reports.add(info["report"])
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Any:
         """Validate and encode (the replica encodes again; this copy decides where the request goes)."""
         return self.preparer.prepare(request, max_length=max_length)
 
-    def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
+    def runner(self) -> Any:
         """Not used: requests go to the replicas through the dispatcher."""
         raise RuntimeError("the ingress has no model; requests are dispatched to replicas")
 
-    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+    def warmup(self, *, max_rows: int = 32) -> None:
         """The replicas warm up themselves before they are ready."""
 
     def prepare_compute_thread(self) -> None:
@@ -188,9 +190,9 @@ class ReplicaDispatcher:
     def start(self) -> None:
         """Nothing to start: the replicas are already up."""
 
-    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[dict[str, Any]]:
-        """Queue one prepared request; returns the future of the replica's response. ``background``
-        (batch-job lines) puts it in the replica batcher's low-priority lane."""
+    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[Decision]:
+        """Queue one prepared request; returns the future of the replica's decision. ``background``
+        (batch-job lines) puts it in the replica engine's background lane."""
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError("the server is shutting down")
@@ -205,7 +207,7 @@ class ReplicaDispatcher:
         with self._lock:
             self._in_flight -= 1
 
-    def _call(self, prepared: Any, background: bool) -> dict[str, Any]:
+    def _call(self, prepared: Any, background: bool) -> Decision:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         # The prepared request itself travels (no second encoding on the replica); the router reads the key.
@@ -214,8 +216,9 @@ class ReplicaDispatcher:
             try:
                 response = self.handle.decide.remote(prepared, state_key=key, background=background)
                 result: dict[str, Any] = response.result()
-                self.reports.add(result.pop(_REPORT))
-                return result
+                self.reports.add(result[_REPORT])
+                decision: Decision = result["decision"]
+                return decision
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 if attempt == 1:
                     logger.warning("a replica died with a request in flight (%s); retrying on another", exc)
@@ -236,11 +239,8 @@ class ReplicaDispatcher:
 
     @property
     def running(self) -> int:
-        """Same as queue_depth: the replicas' own batchers hold the waiting ones."""
+        """Same as queue_depth: the replicas' own engine loops hold the waiting ones."""
         return self.queue_depth
-
-    def wake(self) -> None:
-        """No collection window here."""
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests; with ``drain`` wait for those in flight."""
@@ -258,7 +258,7 @@ def _load_on_a_passing_thread(settings: ServerSettings) -> Any:
     def load() -> None:
         try:
             engine = load_clef(settings)
-            engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
+            engine.warmup(max_rows=settings.max_batch_size)
             outcome["engine"] = engine
         except BaseException as exc:  # re-raised on the replica's thread below
             outcome["error"] = exc
@@ -272,31 +272,28 @@ def _load_on_a_passing_thread(settings: ServerSettings) -> Any:
 
 
 class ClefModel:
-    """One model replica: a Clef engine with its own batcher and state cache."""
+    """One model replica: a Clef engine with its own engine loop and state cache."""
 
     def __init__(self, settings: ServerSettings, threads: int | None = None) -> None:
         from ray import serve
 
-        from clef_runtime.engine.scheduler import DynamicBatcher
+        from clef_runtime.engine.loop import EngineLoop
         from clef_runtime.model.kernels import configure_cpu_threads
+        from clef_runtime.server.runtime import step_settings
 
-        # The model runs on the batcher's thread, which starts its own CPU thread team; loading and warm-up
-        # run on a thread that ends, so that no other live thread keeps a team (see model/kernels.py).
+        # The model runs on the engine loop's thread, which starts its own CPU thread team; loading and
+        # warm-up run on a thread that ends, so that no other live thread keeps a team (see model/kernels.py).
         configure_logging(settings.log_level)
         configure_cpu_threads(threads, start_pool=False)
         self.settings = settings
         self.engine = _load_on_a_passing_thread(settings)
-        self.batcher: DynamicBatcher[Any, dict[str, Any]] = DynamicBatcher(
-            self.engine.decide_encoded,
+        self.loop = EngineLoop(
+            self.engine.runner(),
+            step_settings(self.engine, settings),
             max_queue=settings.max_queue,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            window_s=settings.batch_window_ms / 1000.0,
-            deterministic=settings.deterministic,
-            background_batch_size=settings.jobs_batch_size,
             on_thread_start=self.engine.prepare_compute_thread,
         )
-        self.batcher.start()
+        self.loop.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def describe(self) -> dict[str, Any]:
@@ -313,6 +310,7 @@ class ClefModel:
             "options": engine.options,
             "device": engine.device,
             "weight_mode": engine.weight_mode,
+            "step_tokens": engine.step_tokens,
             "report": self.report(),
         }
 
@@ -324,16 +322,16 @@ class ClefModel:
         self, prepared: Any, state_key: str | None = None, background: bool = False
     ) -> dict[str, Any]:
         """Answer one prepared request (``state_key`` is read by the router only; ``background``: a
-        batch-job line, run only when no interactive request waits). Returns the System One response with
-        ``x_replica`` and this replica's report (taken out by the ingress)."""
-        future = self.batcher.submit(prepared, prepared.input_tokens, background=background)
-        response = await asyncio.wrap_future(future)
-        return {**response, "x_replica": self.replica_id, _REPORT: self.report()}
+        batch-job line, run only when no interactive request waits). Returns ``{"decision": Decision}``
+        (naming this replica) with this replica's report (for the ingress)."""
+        future = self.loop.submit(prepared, prepared.record.input_tokens, background=background)
+        decision = await asyncio.wrap_future(future)
+        return {"decision": dataclasses.replace(decision, replica=self.replica_id), _REPORT: self.report()}
 
     def __del__(self) -> None:
-        batcher = getattr(self, "batcher", None)
-        if batcher is not None:
-            batcher.close(drain=False)
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.close(drain=False)
 
 
 class ClefIngress:

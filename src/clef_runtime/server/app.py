@@ -145,7 +145,7 @@ def _log_request(scope: Scope, state: dict[str, Any], route: str, status: int, e
         f"status={status}",
         f"ms={elapsed * 1000:.1f}",
     ]
-    for key in ("input_tokens", "questions", "truncated_state_tokens", "state_cache", "error_type"):
+    for key in ("input_tokens", "questions", "truncated_state_tokens", "state_cache", "steps", "error_type"):
         if key in state:
             parts.append(f"{key}={state[key]}")
     logger.log(level, " ".join(parts))
@@ -186,7 +186,7 @@ def create_app(
     """Build the server application.
 
     ``engine_factory(settings)`` loads the engine (default: ``Clef.load(settings.model, ...)``); it runs on
-    a background thread when the app's lifespan starts. ``dispatcher_factory`` replaces the local batcher
+    a background thread when the app's lifespan starts. ``dispatcher_factory`` replaces the local engine loop
     (scale-out: requests go to model replicas). ``on_fatal(exc)`` is called if loading fails (the
     CLI uses it to stop the process with a non-zero status). ``send_request_id=False`` leaves the
     ``x-request-id`` response header to a proxy in front that sets it (Ray Serve's). Returns the FastAPI
@@ -212,7 +212,7 @@ def create_app(
             yield
         finally:
             # Runs after uvicorn has finished every accepted request. Job lines in flight finish or stay
-            # unanswered (resumed after a restart); then the batcher drains the interactive requests.
+            # unanswered (resumed after a restart); then the engine loop drains the interactive requests.
             if jobs is not None:
                 await anyio.to_thread.run_sync(jobs.stop)
             await anyio.to_thread.run_sync(runtime.stop)

@@ -103,7 +103,7 @@ def _error(exc: RequestValidationError, mapping: WireMapping[PlanT], plan: tuple
 
 async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Response:
     """Answer one decision request of a route: validate, map, encode (off the event loop), queue for the
-    batcher, map the answer back, add the ``x_`` extras.
+    engine, map the decision's System One body back, add the ``x_`` extras and headers.
 
     Returns the JSON response (499 when the client went away). Raises `ApiError` (401, 400/413/415 for the
     body, 422/413 for validation, 429, 503) for the error handlers.
@@ -113,12 +113,11 @@ async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Resp
     runtime.require_ready()
     plan: tuple[PlanT] | None = None  # boxed: a plan may itself be None
     try:
-        with runtime.arrival() as arrival:
-            data = await read_json_body(request)
-            body, mapped = mapping.to_systemone(data)
-            plan = (mapped,)
-            prepared = await runtime.prepare(body)
-            answer = await runtime.decide(prepared, request, arrival)
+        data = await read_json_body(request)
+        body, mapped = mapping.to_systemone(data)
+        plan = (mapped,)
+        prepared = await runtime.prepare(body)
+        decision = await runtime.decide(prepared, request)
     except ClientGone:
         return client_gone_response(request)
     except RequestValidationError as exc:
@@ -127,5 +126,6 @@ async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Resp
         raise error from None
     settings = runtime.settings
     reply = Reply(getattr(request.state, "request_id", None) or uuid.uuid4().hex, settings.deterministic)
-    response = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, answer)
+    answer = decision.body(deterministic=settings.deterministic)
+    response = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, decision)
     return response if mapping.reply is None else mapping.reply(response, plan[0])

@@ -11,14 +11,17 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from clef_runtime.engine.contract import PreparedItem
+from clef_runtime.engine.decision import Decision
 from clef_runtime.server.bodies import check_content_type, decode_content, parse_json, read_body
 from clef_runtime.server.errors import error_body
-from clef_runtime.server.runtime import Prepared, ServerRuntime
+from clef_runtime.server.runtime import ServerRuntime, question_types
 
 __all__ = [
     "CACHED_TOKENS_HEADER",
     "ERROR_RESPONSES",
     "STATE_CACHE_HEADER",
+    "STEPS_HEADER",
     "authenticate",
     "client_gone_response",
     "finish",
@@ -130,75 +133,70 @@ def note(request: Request, **fields: Any) -> None:
 
 STATE_CACHE_HEADER = "X-Clef-State-Cache"
 CACHED_TOKENS_HEADER = "X-Clef-Cached-Tokens"
+STEPS_HEADER = "X-Clef-Steps"
+QUEUE_TIME_HEADER = "x-queue-time"
+INFERENCE_TIME_HEADER = "x-inference-time"
+TOTAL_TIME_HEADER = "x-total-time"
+COMPUTE_TOKENS_HEADER = "x-compute-tokens"
 
 
-def _state_cache_report(out: dict[str, Any], deterministic: bool) -> dict[str, str]:
-    """The headers of the engine's state-cache report (``x_state_cache``, ``usage.input_tokens_details.
-    cached_tokens``). In deterministic mode the report leaves the body (``x_state_cache`` dropped,
-    ``cached_tokens`` 0): a repeated request is served from the cache, and identical requests must give
-    identical bytes; the headers still carry it."""
-    headers: dict[str, str] = {}
-    status = out.get("x_state_cache")
-    if isinstance(status, str):
-        headers[STATE_CACHE_HEADER] = status
-    usage = out.get("usage")
-    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
-    if isinstance(details, dict) and "cached_tokens" in details:
-        headers[CACHED_TOKENS_HEADER] = str(details["cached_tokens"])
-    if deterministic:
-        out.pop("x_state_cache", None)
-        if isinstance(details, dict) and "cached_tokens" in details:
-            out["usage"] = {**usage, "input_tokens_details": {**details, "cached_tokens": 0}}  # type: ignore[dict-item]
-    return headers
+def _ms(seconds: float) -> str:
+    return str(round(seconds * 1000))
 
 
 def finish(
-    request: Request, body: dict[str, Any], prepared: Prepared, answer: dict[str, Any] | None = None
+    request: Request, body: dict[str, Any], prepared: PreparedItem, decision: Decision
 ) -> JSONResponse:
-    """Add the ``x_`` extras to a response body and return it as JSON.
+    """Add the ``x_`` extras to a response body (the engine's decision, composed by `Decision.body` and
+    mapped to the route's shape) and return it as JSON with the decision's headers.
 
-    ``answer`` is the engine's System One response when ``body`` was mapped from it (another route's
-    shape): its ``x_replica`` / ``x_state_cache`` give the ``X-Clef-Replica`` / ``X-Clef-State-Cache``
-    headers.
     ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
-    left out in deterministic mode so that identical requests give identical bytes (the ``x-latency-ms``
-    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``. The engine's
-    state-cache report (``x_state_cache``: hit / partial / miss, and ``usage.input_tokens_details.
-    cached_tokens``) is also sent as the ``X-Clef-State-Cache`` and ``X-Clef-Cached-Tokens`` headers (only
-    there in deterministic mode).
+    left out in deterministic mode so that identical requests give identical bytes (the ``x-total-time``
+    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``. Headers: the
+    replica that answered (``X-Clef-Replica``), the state-cache report (``X-Clef-State-Cache``: hit /
+    partial / miss, ``X-Clef-Cached-Tokens``), and the request's timing as text-embeddings-inference reports
+    it: ``x-queue-time`` (waiting for its first engine step), ``x-inference-time`` (from there to its
+    answer), ``x-total-time`` (arrival to response), all in milliseconds, ``x-compute-tokens`` (input
+    tokens) and ``X-Clef-Steps`` (engine steps it took part in).
     """
     runtime = runtime_of(request)
+    record = prepared.record
     out = dict(body)
-    out["x_truncated_state_tokens"] = prepared.truncated_state_tokens
+    out["x_truncated_state_tokens"] = record.truncated_state_tokens
+    started = getattr(request.state, "started_at", time.perf_counter())
+    total_s = time.perf_counter() - started
     if not runtime.settings.deterministic:
-        started = getattr(request.state, "started_at", time.perf_counter())
-        out["x_latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        out["x_latency_ms"] = round(total_s * 1000, 1)
         if runtime.settings.latency_ms:
             out["latency_ms"] = out["x_latency_ms"]
-    cache_headers = _state_cache_report(out, runtime.settings.deterministic)
-    if answer is not None and answer is not body:
-        # A mapped route: the report is in the engine's System One answer, not in the route's body.
-        cache_headers = _state_cache_report(dict(answer), deterministic=False)
-    types = prepared.question_types
+    types = question_types(prepared)
     for kind in types:
         runtime.metrics.questions.labels(kind).inc()
-    runtime.metrics.input_tokens.observe(prepared.input_tokens)
-    if prepared.truncated_state_tokens:
+    runtime.metrics.input_tokens.observe(record.input_tokens)
+    if record.truncated_state_tokens:
         runtime.metrics.truncated.inc()
+    replica = decision.replica or runtime.replica_id
+    state_cache = decision.cache.status
+    timings = decision.timings
     note(
         request,
-        input_tokens=prepared.input_tokens,
+        input_tokens=record.input_tokens,
         questions=len(types),
-        truncated_state_tokens=prepared.truncated_state_tokens,
+        truncated_state_tokens=record.truncated_state_tokens,
+        state_cache=state_cache,
+        steps=timings.steps,
     )
-    source = out if answer is None else answer
-    replica = source.get("x_replica") or runtime.replica_id
-    out.pop("x_replica", None)
-    headers = {"X-Clef-Replica": str(replica), **cache_headers}
-    state_cache = cache_headers.get(STATE_CACHE_HEADER)
-    if state_cache is not None:
-        note(request, state_cache=state_cache)
-    runtime.metrics.replica_requests.labels(str(replica), state_cache or "unknown").inc()
+    runtime.metrics.replica_requests.labels(str(replica), state_cache).inc()
+    headers = {
+        "X-Clef-Replica": str(replica),
+        STATE_CACHE_HEADER: state_cache,
+        CACHED_TOKENS_HEADER: str(decision.cache.cached_tokens),
+        QUEUE_TIME_HEADER: _ms(timings.queue_s),
+        INFERENCE_TIME_HEADER: _ms(timings.compute_s),
+        TOTAL_TIME_HEADER: _ms(total_s),
+        COMPUTE_TOKENS_HEADER: str(record.input_tokens),
+        STEPS_HEADER: str(timings.steps),
+    }
     response = JSONResponse(out, headers=headers)
     if runtime.settings.log_requests:
         logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))

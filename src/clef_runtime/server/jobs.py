@@ -1,4 +1,4 @@
-"""The server side of batch jobs: the store, the runner bound to this server's engine and batcher, and the
+"""The server side of batch jobs: the store, the runner bound to this server's engine and its loop, and the
 validation of a submitted JSONL body.
 
 `JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file, or one
@@ -188,7 +188,8 @@ class JobsService:
     def _prepare(self, request: Any) -> tuple[Any, int, dict[str, Any]]:
         engine = self.runtime.require_ready()
         prepared = self.runtime.prepare_sync(engine, request)
-        return prepared, prepared.input_tokens, {"x_truncated_state_tokens": prepared.truncated_state_tokens}
+        record = prepared.record
+        return prepared, record.input_tokens, {"x_truncated_state_tokens": record.truncated_state_tokens}
 
     def _submit(self, prepared: Any, tokens: int) -> Any:
         return self.runtime.submit_background(prepared)

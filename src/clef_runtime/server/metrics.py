@@ -24,7 +24,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from clef_runtime.engine.scheduler import BatchStats
+from clef_runtime.engine.decision import RequestTimings
+from clef_runtime.engine.loop import StepStats
 
 __all__ = ["CONTENT_TYPE", "CacheSeries", "RecentRequests", "ServerMetrics"]
 
@@ -32,7 +33,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_STEP_COUNT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
 
 _CACHE_GAUGES = frozenset({"entries", "points", "bytes", "capacity_bytes"})
@@ -151,19 +153,31 @@ class ServerMetrics:
             "clef_truncated_requests", "Requests whose state was truncated to fit the token limit."
         )
         self.questions = counter("clef_questions", "Questions answered, by type.", ["type"])
-        self.batch_size = Histogram(
-            "clef_batch_size", "Requests per engine call.", buckets=_BATCH_BUCKETS, registry=self.registry
+        self.step_rows = Histogram(
+            "clef_step_rows",
+            "Requests computed per engine step.",
+            buckets=_ROW_BUCKETS,
+            registry=self.registry,
         )
-        self.batch_padded_tokens = tokens(
-            "clef_batch_padded_tokens", "Padded tokens (longest x size) per engine call."
+        self.step_tokens = tokens("clef_step_tokens", "Padded tokens (rows x tokens) per engine step.")
+        self.step_seconds = seconds("clef_step_duration_seconds", "Engine time per step.")
+        self.step_failures = counter(
+            "clef_step_failures", "Engine steps in which a batch raised (its requests are retried alone)."
         )
-        self.batch_seconds = seconds("clef_batch_duration_seconds", "Engine time per call.")
-        self.batch_failures = counter(
-            "clef_batch_failures", "Engine calls that raised (items are then retried alone)."
+        self.queue_wait = seconds(
+            "clef_queue_wait_seconds", "Time a request waited before its first engine step."
         )
-        self.queue_wait = seconds("clef_queue_wait_seconds", "Time a request waited for the engine.")
+        self.compute_seconds = seconds(
+            "clef_compute_seconds", "Time from a request's first engine step to its answer."
+        )
+        self.request_steps = Histogram(
+            "clef_request_steps",
+            "Engine steps a request took part in (a long request is prefilled in chunks across steps).",
+            buckets=_STEP_COUNT_BUCKETS,
+            registry=self.registry,
+        )
         self.queue_depth = gauge("clef_queue_depth", "Requests waiting for the engine.")
-        self.running = gauge("clef_running_requests", "Requests in the engine call now.")
+        self.running = gauge("clef_running_requests", "Requests being computed now (started, not done).")
         self.inflight = gauge("clef_inflight_requests", "HTTP requests being handled.")
         self.rejected = counter(
             "clef_rejected_requests", "Requests refused before compute, by reason.", ["reason"]
@@ -185,13 +199,19 @@ class ServerMetrics:
         """Export the engine's cache counters (if it has any) at scrape time."""
         self.registry.register(_EngineCacheCollector(source))
 
-    def observe_batch(self, stats: BatchStats) -> None:
-        """Record one engine call (the scheduler's ``on_batch`` observer)."""
-        self.batch_size.observe(stats.size)
-        self.batch_padded_tokens.observe(stats.padded_tokens)
-        self.batch_seconds.observe(stats.seconds)
+    def observe_step(self, stats: StepStats) -> None:
+        """Record one engine step (the engine loop's ``on_step`` observer)."""
+        self.step_rows.observe(stats.rows)
+        self.step_tokens.observe(stats.tokens)
+        self.step_seconds.observe(stats.seconds)
         if stats.failed:
-            self.batch_failures.inc()
+            self.step_failures.inc()
+
+    def observe_decision(self, timings: RequestTimings) -> None:
+        """Record one answered request's queue time, compute time and steps."""
+        self.queue_wait.observe(timings.queue_s)
+        self.compute_seconds.observe(timings.compute_s)
+        self.request_steps.observe(timings.steps)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Record one finished HTTP request."""

@@ -22,7 +22,7 @@ router = APIRouter()
     ),
 )
 async def systemone(request: Request) -> Response:
-    """Validate, encode (off the event loop), queue for the batcher, answer.
+    """Validate, encode (off the event loop), queue for the engine, answer.
 
     Top-level extras: ``x_truncated_state_tokens`` (state tokens cut to fit) and ``x_latency_ms``.
     """

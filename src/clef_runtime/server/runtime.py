@@ -1,4 +1,4 @@
-"""The server's engine side: background loading, encoding off the event loop, the batcher, and waiting
+"""The server's engine side: background loading, encoding off the event loop, the engine loop, and waiting
 for an answer while watching the client.
 
 Nothing here builds HTTP responses; failures are raised as :class:`ApiError` or protocol errors and the
@@ -14,15 +14,16 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from starlette.requests import Request
 
 from clef_runtime.engine.contract import DecisionEngine, PreparedItem
-from clef_runtime.engine.scheduler import DynamicBatcher, QueueFullError, SchedulerClosedError
+from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.loop import EngineLoop, QueueFullError, SchedulerClosedError
+from clef_runtime.engine.policy import StepSettings
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
@@ -33,9 +34,9 @@ from clef_runtime.server.settings import ServerSettings
 __all__ = [
     "Engine",
     "EngineFactory",
-    "Prepared",
     "ServerRuntime",
     "load_clef",
+    "question_types",
 ]
 
 logger = logging.getLogger("clef_runtime.server")
@@ -51,22 +52,20 @@ EngineFactory = Callable[[ServerSettings], Engine]
 
 
 class Dispatcher(Protocol):
-    """Where prepared requests go: the local `DynamicBatcher` (one engine in this process), or a scale-out
+    """Where prepared requests go: the local `EngineLoop` (one engine in this process), or a scale-out
     dispatcher that sends each request to a model replica (`clef_runtime.scale`)."""
 
     max_queue: int
 
     def start(self) -> None: ...
 
-    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[dict[str, Any]]: ...
+    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[Decision]: ...
 
     @property
     def queue_depth(self) -> int: ...
 
     @property
     def running(self) -> int: ...
-
-    def wake(self) -> None: ...
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None: ...
 
@@ -95,61 +94,34 @@ def _expected_load_error(exc: BaseException) -> bool:
     return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
 
 
-def local_batcher(engine: Engine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
-    """The default dispatcher: a `DynamicBatcher` over the engine in this process."""
-    return DynamicBatcher(
-        lambda items: engine.decide_encoded(items),
-        max_queue=settings.max_queue,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_size=settings.max_batch_size,
-        window_s=settings.batch_window_ms / 1000.0,
+def step_settings(engine: Engine, settings: ServerSettings) -> StepSettings:
+    """The engine loop's policy settings: the engine's step budget, the server's row and lane limits."""
+    return StepSettings(
+        max_step_tokens=engine.step_tokens,
+        max_rows=settings.max_batch_size,
+        background_rows=settings.jobs_batch_size,
         deterministic=settings.deterministic,
-        on_batch=runtime.metrics.observe_batch,
-        arrivals=lambda: runtime._arriving,
-        background_batch_size=settings.jobs_batch_size,
+    )
+
+
+def local_engine_loop(engine: Engine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
+    """The default dispatcher: an `EngineLoop` over the engine in this process, on its own thread."""
+    return EngineLoop(
+        engine.runner(),
+        step_settings(engine, settings),
+        max_queue=settings.max_queue,
+        on_step=runtime.metrics.observe_step,
         on_thread_start=engine.prepare_compute_thread,
     )
 
 
-class Arrival:
-    """One request on its way to the batcher; :meth:`done` (idempotent) when it is submitted or fails."""
-
-    def __init__(self, runtime: ServerRuntime) -> None:
-        self._runtime = runtime
-        self._done = False
-
-    def done(self) -> None:
-        """Stop counting this request as arriving."""
-        if not self._done:
-            self._done = True
-            self._runtime._arrival_done()
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A validated and encoded request, ready for the batcher."""
-
-    item: PreparedItem
-    """What the engine's ``prepare`` returned; goes to its ``decide_encoded`` as it is."""
-
-    @property
-    def input_tokens(self) -> int:
-        """Tokens the engine will compute."""
-        return self.item.record.input_tokens
-
-    @property
-    def truncated_state_tokens(self) -> int:
-        """State tokens cut to fit the token limit (0 when nothing was cut)."""
-        return self.item.record.truncated_state_tokens
-
-    @property
-    def question_types(self) -> list[str]:
-        """The type of every question, in order."""
-        return [question.type for question in self.item.request.questions.values()]
+def question_types(item: PreparedItem) -> list[str]:
+    """The type of every question of a prepared request, in order."""
+    return [question.type for question in item.request.questions.values()]
 
 
 class ServerRuntime:
-    """Owns the engine and the batcher for one server process."""
+    """Owns the engine and its dispatcher for one server process."""
 
     def __init__(
         self,
@@ -162,7 +134,7 @@ class ServerRuntime:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._dispatcher_factory = dispatcher_factory or local_batcher
+        self._dispatcher_factory = dispatcher_factory or local_engine_loop
         self.replica_id = f"{socket.gethostname()}:{settings.port}"
         """This process's replica id (``X-Clef-Replica``): stable for the server's address."""
         self.keys = KeyChecker(settings.api_keys)
@@ -171,13 +143,10 @@ class ServerRuntime:
         self._lock = threading.Lock()
         self._state: RuntimeState = "loading"
         self._engine: Engine | None = None
-        self._batcher: Dispatcher | None = None
+        self._dispatcher: Dispatcher | None = None
         self._failure: str | None = None
         self._load_started = time.monotonic()
         self._loader: threading.Thread | None = None
-        # Requests between arrival and submission to the batcher (read by the batcher's worker thread;
-        # only the event loop thread changes it).
-        self._arriving = 0
         # One encode thread: fast tokenizers are not safe to share across threads ("Already borrowed"),
         # and encoding costs milliseconds next to the model's seconds.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-encode")
@@ -229,7 +198,7 @@ class ServerRuntime:
         try:
             engine = self._factory(settings)
             logger.info("warming up %r", engine.name)
-            engine.warmup(max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size)
+            engine.warmup(max_rows=settings.max_batch_size)
         except BaseException as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             with self._lock:
@@ -243,15 +212,15 @@ class ServerRuntime:
             if self._on_fatal is not None:
                 self._on_fatal(exc)
             return
-        batcher = self._dispatcher_factory(engine, settings, self)
-        batcher.start()
+        dispatcher = self._dispatcher_factory(engine, settings, self)
+        dispatcher.start()
         seconds = time.monotonic() - self._load_started
         with self._lock:
             if self._state != "loading":  # stopped while loading
-                batcher.close(drain=False)
+                dispatcher.close(drain=False)
                 return
             self._engine = engine
-            self._batcher = batcher
+            self._dispatcher = dispatcher
             self._state = "ready"
         self.metrics.ready.set(1)
         self.metrics.load_seconds.set(seconds)
@@ -261,19 +230,19 @@ class ServerRuntime:
         """Stop accepting work, finish what was accepted, release the threads."""
         with self._lock:
             self._state = "stopping"
-            batcher = self._batcher
+            dispatcher = self._dispatcher
         self.metrics.ready.set(0)
-        if batcher is not None:
-            batcher.close(drain=True, timeout=timeout)
+        if dispatcher is not None:
+            dispatcher.close(drain=True, timeout=timeout)
         self._encoder.shutdown(wait=True)
 
     # --------------------------------------------------------------------------------------- helpers
 
     def _queue_depth(self) -> float:
-        return float(self._batcher.queue_depth) if self._batcher is not None else 0.0
+        return float(self._dispatcher.queue_depth) if self._dispatcher is not None else 0.0
 
     def _running(self) -> float:
-        return float(self._batcher.running) if self._batcher is not None else 0.0
+        return float(self._dispatcher.running) if self._dispatcher is not None else 0.0
 
     async def render_metrics(self) -> bytes:
         """The Prometheus exposition, with the engine's state-cache series fetched just before (none when
@@ -317,16 +286,17 @@ class ServerRuntime:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._encoder, fn)
 
-    def prepare_sync(self, engine: Engine, data: Any) -> Prepared:
+    def prepare_sync(self, engine: Engine, data: Any) -> PreparedItem:
         """Validate and encode a System One body, enforcing the token limit.
 
-        Returns the prepared request. Raises :class:`RequestValidationError` (422) or
+        Returns the engine's prepared request. Raises :class:`RequestValidationError` (422) or
         :class:`InputTooLongError` (413) before any model work.
         """
-        prepared = Prepared(engine.prepare(data))
+        prepared = engine.prepare(data)
+        record = prepared.record
         limit = self.settings.input_token_limit
-        full = prepared.input_tokens + prepared.truncated_state_tokens
-        if self.settings.on_overflow == "reject" and prepared.truncated_state_tokens > 0:
+        full = record.input_tokens + record.truncated_state_tokens
+        if self.settings.on_overflow == "reject" and record.truncated_state_tokens > 0:
             raise InputTooLongError(
                 ("state",),
                 f"the input is {full} tokens, over the limit of {limit} (--max-input-tokens); the server "
@@ -334,84 +304,64 @@ class ServerRuntime:
                 input_tokens=full,
                 limit=limit,
             )
-        if prepared.input_tokens > limit:  # only if the engine did not honour max_length itself
+        if record.input_tokens > limit:  # only if the engine did not honour max_length itself
             raise InputTooLongError(
                 (),
-                f"the input is {prepared.input_tokens} tokens, over the limit of {limit}",
-                input_tokens=prepared.input_tokens,
+                f"the input is {record.input_tokens} tokens, over the limit of {limit}",
+                input_tokens=record.input_tokens,
                 limit=limit,
             )
         return prepared
 
-    async def prepare(self, data: Any) -> Prepared:
+    async def prepare(self, data: Any) -> PreparedItem:
         """:meth:`prepare_sync` on the encode thread."""
         engine = self.require_ready()
         return await self.run_encoder(lambda: self.prepare_sync(engine, data))
 
-    @contextlib.contextmanager
-    def arrival(self) -> Iterator[Arrival]:
-        """Mark a request as on its way to the batcher (so the batcher waits for it) until it is submitted
-        by :meth:`decide` or fails; use around reading, validating and encoding the body."""
-        arrival = Arrival(self)
-        self._arriving += 1
-        try:
-            yield arrival
-        finally:
-            arrival.done()
-
-    def _arrival_done(self) -> None:
-        self._arriving -= 1
-        if self._arriving == 0 and self._batcher is not None:
-            self._batcher.wake()
-
-    def submit_background(self, prepared: Prepared) -> Future[dict[str, Any]]:
-        """Queue a prepared request in the batcher's background lane (batch-job lines: they run only when no
-        interactive request waits). Returns the future of the engine's response. Raises
+    def submit_background(self, prepared: PreparedItem) -> Future[Decision]:
+        """Queue a prepared request in the engine's background lane (batch-job lines: they run only when no
+        interactive request waits or runs). Returns the future of its decision. Raises
         :class:`SchedulerClosedError` when the server is not ready or is shutting down, QueueFullError when
         the background lane is full."""
-        batcher = self._batcher
-        if self._state != "ready" or batcher is None:
+        dispatcher = self._dispatcher
+        if self._state != "ready" or dispatcher is None:
             raise SchedulerClosedError("the engine is not ready")
-        return batcher.submit(prepared.item, prepared.input_tokens, background=True)
+        return dispatcher.submit(prepared, prepared.record.input_tokens, background=True)
 
-    async def decide(
-        self, prepared: Prepared, request: Request | None, arrival: Arrival | None = None
-    ) -> dict[str, Any]:
-        """Queue a prepared request and wait for its answer, dropping it if the client goes away.
+    async def decide(self, prepared: PreparedItem, request: Request | None) -> Decision:
+        """Queue a prepared request and wait for its decision, dropping it (waiting or running) if the client
+        goes away.
 
-        Returns the engine's System One response dict. Raises :class:`ApiError` 429 (queue full, with
-        Retry-After) or 503 (shutting down), :class:`ClientGone`, protocol errors raised by the engine, or
-        the engine's own exception (an internal error).
+        Returns the engine's `Decision`. Raises :class:`ApiError` 429 (queue full, with Retry-After) or 503
+        (shutting down), :class:`ClientGone`, protocol errors raised by the engine, or the engine's own
+        exception (an internal error).
         """
         self.require_ready()
-        batcher = self._batcher
-        assert batcher is not None
-        if arrival is not None:
-            arrival.done()  # before submit: the worker then sees the final count when it wakes
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
         try:
-            future = batcher.submit(prepared.item, prepared.input_tokens)
+            future = dispatcher.submit(prepared, prepared.record.input_tokens)
         except QueueFullError as exc:
             self.metrics.rejected.labels("queue_full").inc()
             retry_after = max(1, min(60, math.ceil(exc.retry_after_s)))
             raise ApiError(
                 429,
                 "queue_full",
-                f"the server is busy ({exc.queued} requests waiting, --max-queue {batcher.max_queue}); "
+                f"the server is busy ({exc.queued} requests waiting, --max-queue {dispatcher.max_queue}); "
                 f"retry in about {retry_after} s",
                 headers={"Retry-After": str(retry_after)},
             ) from None
         except SchedulerClosedError:
             raise ApiError(503, "not_ready", "the server is shutting down") from None
-        queued_at = time.monotonic()
         answer = asyncio.wrap_future(future)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request)) if request is not None else None
         try:
             waiting = {answer} if watcher is None else {answer, watcher}
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if answer not in done:
-                # Cancel the batcher's future itself, now: answer.cancel() alone would only schedule that on
-                # the event loop, and the worker could pick the item up in between.
-                future.cancel()  # drops the item if the batcher has not started it
+                # Cancel the engine's future itself, now: answer.cancel() alone would only schedule that on
+                # the event loop. The loop drops the request, waiting or between two chunks.
+                future.cancel()
                 answer.cancel()
                 self.metrics.disconnected.inc()
                 raise ClientGone()
@@ -424,9 +374,8 @@ class ServerRuntime:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
-        self.metrics.queue_wait.observe(time.monotonic() - queued_at)
         try:
-            return answer.result()
+            decision = answer.result()
         except SchedulerClosedError:
             raise ApiError(503, "not_ready", "the server shut down before answering") from None
         except (RequestValidationError, ApiError):
@@ -444,6 +393,8 @@ class ServerRuntime:
                     headers={"Retry-After": "5"},
                 ) from None
             raise
+        self.metrics.observe_decision(decision.timings)
+        return decision
 
 
 def _engine_cache_series(engine: Engine) -> CacheSeries:

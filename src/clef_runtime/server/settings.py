@@ -60,9 +60,8 @@ class ServerSettings:
     """Accepted keys; empty means auth is off."""
     max_queue: int = 256
     """Requests that may wait for the engine; one more gets 429."""
-    max_batch_tokens: int = 16384
-    """Padded tokens (longest request x batch size) per engine call."""
     max_batch_size: int = 32
+    """Requests computed together in one engine step."""
     max_input_tokens: int | None = None
     """Input-token limit per request; None means ``max_length``."""
     max_body_bytes: int = 16 * MiB
@@ -70,7 +69,6 @@ class ServerSettings:
     deterministic: bool = False
     """Run every request alone in arrival order so repeated requests give identical bytes."""
     on_overflow: Literal["truncate", "reject"] = "truncate"
-    batch_window_ms: float = 5.0
     log_requests: bool = False
     latency_ms: bool = False
     """Also put the server time in a top-level ``latency_ms`` (what systemone-client and Krite read)."""
@@ -86,7 +84,8 @@ class ServerSettings:
     jobs_max_active: int = 16
     """Queued or running jobs per API key (all callers share one with auth off)."""
     jobs_batch_size: int = 1
-    """Job lines per engine call; an interactive request arriving meanwhile waits for at most one call."""
+    """Job lines started per engine step; an interactive request arriving meanwhile waits for at most one
+    step."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -98,7 +97,6 @@ class ServerSettings:
             problems.append(f"--port must be 0..65535, got {self.port}")
         for name in (
             "max_queue",
-            "max_batch_tokens",
             "max_batch_size",
             "max_body_bytes",
             "jobs_max_lines",
@@ -112,8 +110,6 @@ class ServerSettings:
             problems.append(f"--max-input-tokens must be at least 1, got {self.max_input_tokens}")
         if self.on_overflow not in ("truncate", "reject"):
             problems.append(f"--on-overflow must be 'truncate' or 'reject', got {self.on_overflow!r}")
-        if self.batch_window_ms < 0:
-            problems.append(f"--batch-window-ms must be >= 0, got {self.batch_window_ms}")
         if any(not key or not key.isprintable() or key != key.strip() for key in self.api_keys):
             problems.append("--api-key values must be non-empty printable strings without surrounding spaces")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
@@ -182,19 +178,11 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
-        "max_batch_tokens",
-        "--max-batch-tokens",
-        "CLEF_MAX_BATCH_TOKENS",
-        parse_int,
-        "padded tokens (longest x count) per batched engine call (default 16384)",
-        "N",
-    ),
-    Option(
         "max_batch_size",
         "--max-batch-size",
         "CLEF_MAX_BATCH_SIZE",
         parse_int,
-        "requests per batched engine call (default 32)",
+        "requests computed together in one engine step (default 32; the step's tokens are --max-step-tokens)",
         "N",
     ),
     Option(
@@ -218,8 +206,8 @@ OPTIONS: tuple[Option, ...] = (
         "--deterministic",
         "CLEF_DETERMINISTIC",
         parse_bool,
-        "run each request alone in arrival order: identical requests give identical bytes "
-        "(no batching: lower throughput under concurrency)",
+        "run each request alone in arrival order, in chunks of --max-step-tokens: identical requests give "
+        "identical bytes (no batching, no overtaking: lower throughput and latency under concurrency)",
         kind="bool",
     ),
     Option(
@@ -231,14 +219,6 @@ OPTIONS: tuple[Option, ...] = (
         "x_truncated_state_tokens (default, as the reference); 'reject' answers 413",
         "MODE",
         choices=("truncate", "reject"),
-    ),
-    Option(
-        "batch_window_ms",
-        "--batch-window-ms",
-        "CLEF_BATCH_WINDOW_MS",
-        float,
-        "how long an idle engine waits for more requests to batch (default 5)",
-        "MS",
     ),
     Option(
         "jobs",
@@ -285,8 +265,8 @@ OPTIONS: tuple[Option, ...] = (
         "--jobs-batch-size",
         "CLEF_JOBS_BATCH_SIZE",
         parse_int,
-        "job lines per engine call, run only when no interactive request waits (default 1: an interactive "
-        "request arriving meanwhile waits for at most one line; larger batches raise job throughput)",
+        "job lines started per engine step, only when no interactive request waits or runs (default 1: "
+        "an interactive request arriving meanwhile waits for at most one step; more raise job throughput)",
         "N",
     ),
     Option(
