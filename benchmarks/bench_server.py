@@ -116,6 +116,7 @@ class NullEngine:
     name, description, release_date, untrained, max_length = "null", "instant answers", None, True, 16384
     calibration_card = None
     device, weight_mode = "cpu", "none"
+    step_tokens = 16384
 
     def __init__(self) -> None:
         from clef_runtime.options import EngineOptions
@@ -128,8 +129,13 @@ class NullEngine:
         parsed = parse_request(request)
         return _Prepared(parsed, _Record(len(str(parsed.state)) // 4 + 40))
 
-    def warmup(self, *, max_batch_tokens: int = 16384, max_batch_size: int = 32) -> None:
+    def warmup(self, *, max_rows: int = 32) -> None:
         pass
+
+    def runner(self) -> Any:
+        from clef_runtime.engine.loop import WholeRequestRunner
+
+        return WholeRequestRunner(self.decide_encoded, lambda item: item.record.input_tokens)
 
     def cache_stats(self) -> dict[str, int]:
         return {}
@@ -140,11 +146,13 @@ class NullEngine:
     def prepare_compute_thread(self) -> None:
         pass
 
-    def decide_encoded(self, items: Sequence[_Prepared]) -> list[dict[str, Any]]:
+    def decide_encoded(self, items: Sequence[_Prepared]) -> list[Any]:
         return [self._answer(item.request, item.record) for item in items]
 
     @staticmethod
-    def _answer(request: Any, record: _Record) -> dict[str, Any]:
+    def _answer(request: Any, record: _Record) -> Any:
+        from clef_runtime.engine.decision import Decision
+
         answers: dict[str, Any] = {}
         for qid, question in request.questions.items():
             if question.type == "noul":
@@ -162,8 +170,7 @@ class NullEngine:
                 answers[qid] = {"type": "score", "score": round((len(keys) - 1) / 2, 4), "confidence": p}
                 answers[qid]["legend"] = legend
             answers[qid]["probabilities"] = probabilities
-        usage = {"input_tokens": record.input_tokens, "output_tokens": 0}
-        return {"model": request.model or "null", "answers": answers, "usage": usage}
+        return Decision(model=request.model or "null", answers=answers, input_tokens=record.input_tokens)
 
 
 def null_engine() -> NullEngine:

@@ -519,7 +519,7 @@ def engine_decide_batch(
     items = [_engine_prepare(clef, workload) for workload in workloads]
     encoded = time.perf_counter()
     tokens_before = clef.backbone_tokens
-    responses = clef.decide_encoded(items)
+    responses = [decision.body() for decision in clef.decide_encoded(items)]
     finished = time.perf_counter()
     timings = clef.last_timings
     computed = clef.backbone_tokens - tokens_before
@@ -895,36 +895,40 @@ def padding_waste(
     lengths: Sequence[int],
     *,
     length_ratio: float,
-    max_batch_tokens: int,
-    max_batch_size: int,
+    max_step_tokens: int,
+    max_rows: int,
 ) -> dict[str, Any]:
-    """Batch ``lengths`` (all queued at once, in that order) with the engine's `DynamicBatcher` and return
-    the fraction of padded tokens (``1 - real / padded``), the number of batches and the mean batch size.
+    """Run the engine's step policy (`clef_runtime.engine.policy`) over ``lengths`` (all queued at once, one
+    start point) until every request is done, and return the fraction of padded tokens (``1 - real /
+    padded``), the number of steps and the mean rows per step. Only the policy's choices are measured: a
+    part of ``t`` tokens over ``r`` rows costs ``t x r`` padded tokens, of which each row's own tokens are
+    real."""
+    from clef_runtime.engine.policy import Admit, Running, StepSettings, Waiting, compose_step
 
-    The batcher's run function does nothing: only its choice of batches is measured.
-    """
-    from clef_runtime.engine.scheduler import BatchStats, DynamicBatcher
-
-    batches: list[BatchStats] = []
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        lambda payloads: payloads,
-        max_queue=len(lengths) + 1,
-        max_batch_tokens=max_batch_tokens,
-        max_batch_size=max_batch_size,
-        window_s=0.0,
-        length_ratio=length_ratio,
-        on_batch=batches.append,
-    )
-    futures = [batcher.submit(index, length) for index, length in enumerate(lengths)]
-    batcher.start()
-    batcher.close(drain=True, timeout=60)
-    for future in futures:
-        future.result(timeout=60)
-    padded = sum(batch.padded_tokens for batch in batches)
-    real = sum(batch.real_tokens for batch in batches)
+    settings = StepSettings(max_step_tokens=max_step_tokens, max_rows=max_rows, length_ratio=length_ratio)
+    waiting = {i: Waiting(key=i, tokens=length, seq=i) for i, length in enumerate(lengths)}
+    running: dict[int, dict[int, int]] = {}  # batch key -> row -> tokens left
+    keys = iter(range(len(lengths), 1 << 30))
+    padded = real = steps = rows = work = 0
+    while waiting or running:
+        views = [Running(key, tuple(left.values()), seq=min(left)) for key, left in running.items()]
+        step = compose_step(list(waiting.values()), views, work_done=work, settings=settings)
+        steps, rows, work = steps + 1, rows + step.rows, work + step.tokens
+        for part in step.parts:
+            if isinstance(part, Admit):
+                key = next(keys)
+                running[key] = {k: waiting.pop(k).tokens for k in part.keys}
+            else:
+                key = part.key
+            left = running[key]
+            padded += part.tokens * len(left)
+            real += sum(min(tokens, part.tokens) for tokens in left.values())
+            running[key] = {row: tokens - part.tokens for row, tokens in left.items() if tokens > part.tokens}
+            if not running[key]:
+                del running[key]
     return {
-        "batches": len(batches),
-        "mean_batch_size": round(len(lengths) / len(batches), 2),
+        "steps": steps,
+        "mean_rows_per_step": round(rows / steps, 2),
         "real_tokens": real,
         "padded_tokens": padded,
         "padding_fraction": round(1 - real / padded, 4) if padded else 0.0,
@@ -936,7 +940,7 @@ def section_padding(
 ) -> dict[str, Any]:
     """Padding waste of a mixed workload (lengths log-uniform in [64, 4096]) with and without grouping."""
     if progress is not None:
-        progress("padding: scheduler batches of a mixed-length workload")
+        progress("padding: the step policy on a mixed-length workload")
     rng = random.Random(f"{seed}-padding")
     lengths = [
         round(math.exp(rng.uniform(math.log(64), math.log(4096)))) for _ in range(plan.padding_requests)
@@ -945,16 +949,16 @@ def section_padding(
         "requests": len(lengths),
         "lengths": "log-uniform in [64, 4096] tokens, all queued at once",
         "arrival_order": {
-            "policy": "arrival order, up to 16 per batch, no length limit",
-            **padding_waste(lengths, length_ratio=math.inf, max_batch_tokens=1 << 40, max_batch_size=16),
+            "policy": "16,384-token steps, up to 16 rows, no length limit on a batch",
+            **padding_waste(lengths, length_ratio=math.inf, max_step_tokens=16384, max_rows=16),
         },
         "token_budget_only": {
-            "policy": "oldest first, 16,384 padded tokens per batch, no length-ratio grouping",
-            **padding_waste(lengths, length_ratio=math.inf, max_batch_tokens=16384, max_batch_size=32),
+            "policy": "1,024-token steps (the CPU default), no length limit on a batch",
+            **padding_waste(lengths, length_ratio=math.inf, max_step_tokens=1024, max_rows=32),
         },
         "length_grouping": {
-            "policy": "scheduler default: oldest first, 16,384 padded tokens, longest/shortest <= 2",
-            **padding_waste(lengths, length_ratio=2.0, max_batch_tokens=16384, max_batch_size=32),
+            "policy": "engine default on CUDA: 16,384-token steps, a batch's longest/shortest <= 2",
+            **padding_waste(lengths, length_ratio=2.0, max_step_tokens=16384, max_rows=32),
         },
     }
 
@@ -1354,12 +1358,12 @@ def _markdown_concurrency(concurrency: dict[str, Any]) -> list[str]:
 
 def _markdown_padding(padding: dict[str, Any]) -> list[str]:
     rows = [
-        (value["policy"], value["batches"], value["mean_batch_size"], _pct(value["padding_fraction"]))
+        (value["policy"], value["steps"], value["mean_rows_per_step"], _pct(value["padding_fraction"]))
         for value in (padding[key] for key in ("arrival_order", "token_budget_only", "length_grouping"))
     ]
     return _table(
-        f"Padding waste when the scheduler batches {padding['requests']} requests ({padding['lengths']}):",
-        ("policy", "batches", "mean batch size", "padded tokens wasted"),
+        f"Padding waste of the step policy over {padding['requests']} requests ({padding['lengths']}):",
+        ("policy", "steps", "mean rows per step", "padded tokens wasted"),
         rows,
         numeric=False,
     )

@@ -7,7 +7,7 @@ For the tiny and the hidden-1,024 benchmark model (``medium-1024``; ``--quick``:
 - the startup warm-up's time (every batch shape the server can form: Triton autotuning happens there)
   and the first request after it;
 - throughput at ~512-token requests: concurrency 1 (one request at a time) and 16 (one batched
-  ``decide_encoded`` of 16, as the server's batcher calls it), tokens/s of the fastest of ``--rounds``
+  ``decide_encoded`` of 16, in engine steps as the server runs them), tokens/s of the fastest of ``--rounds``
   (every round kept with its spread), state cache off;
 - peak device memory (``torch.cuda.max_memory_allocated``);
 - all of the above with the fused DeltaNet kernels on and off (``--no-fused-kernels``; on only means
@@ -103,7 +103,7 @@ def check_model(name: str, args: argparse.Namespace, requests: list[dict[str, An
             torch.cuda.reset_peak_memory_stats()
         clef = Clef.load(spec, engine_options(device=args.device, cache_mb=0, fused_kernels=fused))
         started = time.perf_counter()
-        clef.warmup(max_batch_tokens=args.max_batch_tokens, max_batch_size=16)
+        clef.warmup(max_rows=16)
         sync(args.device)
         warmup_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -183,7 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.tokens = args.tokens or (128 if args.quick else 512)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.concurrency = [1, 4] if args.quick else [1, 16]
-    args.max_batch_tokens = 1024 if args.quick else 16384
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu for a plumbing run)")
 

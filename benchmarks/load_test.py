@@ -64,7 +64,7 @@ def soak_engine(delay_s: float = 0.0, hold_path: str = "") -> Any:
     from tests.server.fake_engine import FakeClef
 
     class SoakClef(FakeClef):
-        def decide_encoded(self, items: Any) -> list[dict[str, Any]]:
+        def decide_encoded(self, items: Any) -> list[Any]:
             while hold_path and os.path.exists(hold_path):
                 time.sleep(0.005)
             try:

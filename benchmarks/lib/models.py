@@ -13,6 +13,8 @@ format, so a changed geometry gets a fresh directory (and the stale one is remov
   dims (8 key / 16 value heads x 128), full vocabulary; a head of the release's depth at width 256 (at width
   1,024 the head would cost ~10% of this backbone's FLOPs per token instead of the release's ~0.25%). The
   model of ``engine_bench.py``, the int8 drift, the kernel comparison and the GPU check.
+- ``medium-1024x4``: ``medium-1024`` with 4 layers (3 Gated DeltaNet + 1 attention): the model of the
+  serving engine's targets (``bench_engine.py``).
 - ``release``: the 9B release's geometry (32 layers, hidden 4,096; no weights are ever built for it: the
   int8 benchmark reads its memory need from the tensor layout).
 - ``wide``: 4 layers of the release's geometry (3 Gated DeltaNet + 1 attention), built in memory with a
@@ -112,8 +114,10 @@ GEOMETRIES: dict[str, Geometry] = {
     "release": _RELEASE,
     "wide": dataclasses.replace(_RELEASE, layers=4),
 }
+# medium-1024 with 4 layers (3 Gated DeltaNet + 1 attention): the serving engine's target model.
+GEOMETRIES["medium-1024x4"] = dataclasses.replace(GEOMETRIES["medium-1024"], layers=4)
 #: The geometries written as checkpoints (``release`` and ``wide`` are too large for that: see above).
-MODEL_NAMES = ("medium", "medium-1024")
+MODEL_NAMES = ("medium", "medium-1024", "medium-1024x4")
 
 _SHARD_BYTES = 1 << 30
 _SEED = 0

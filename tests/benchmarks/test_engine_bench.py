@@ -272,11 +272,14 @@ def test_random_checkpoint_of_another_geometry(tmp_path: Path) -> None:
 
 def test_padding_waste_with_and_without_length_grouping() -> None:
     lengths = [100, 1000, 100, 1000]
-    mixed = padding_waste(lengths, length_ratio=math.inf, max_batch_tokens=1 << 40, max_batch_size=4)
-    assert (mixed["batches"], mixed["real_tokens"], mixed["padded_tokens"]) == (1, 2200, 4000)
+    mixed = padding_waste(lengths, length_ratio=math.inf, max_step_tokens=1 << 40, max_rows=4)
+    assert (mixed["steps"], mixed["real_tokens"], mixed["padded_tokens"]) == (1, 2200, 4000)
     assert mixed["padding_fraction"] == pytest.approx(0.45)
-    grouped = padding_waste(lengths, length_ratio=2.0, max_batch_tokens=1 << 40, max_batch_size=4)
-    assert (grouped["batches"], grouped["padded_tokens"], grouped["padding_fraction"]) == (2, 2200, 0.0)
+    grouped = padding_waste(lengths, length_ratio=2.0, max_step_tokens=1 << 40, max_rows=4)
+    # Two batches (100s, 1000s) in one step: no padding.
+    assert (grouped["steps"], grouped["padded_tokens"], grouped["padding_fraction"]) == (1, 2200, 0.0)
+    chunked = padding_waste(lengths, length_ratio=2.0, max_step_tokens=512, max_rows=4)
+    assert chunked["real_tokens"] == 2200 and chunked["steps"] >= 2200 // 512
 
 
 def test_targets_report_met_not_met_and_not_available() -> None:

@@ -17,6 +17,7 @@ NON_DEFAULT: dict[str, Any] = {
     "weights": "int8",
     "int8_layers": "all",
     "prefill_chunk": 64,
+    "max_step_tokens": 256,
     "max_length": 321,
     "cache_mb": 12.5,
     "snapshot_interval": 0,
