@@ -1,4 +1,4 @@
-"""The one flow every decision route runs: auth, arrival, body, mapping onto System One, prepare, decide,
+"""The one flow every decision route runs: auth, body, mapping onto System One, prepare, decide,
 client-gone, error translation, finish.
 
 A route is its wire mapping (`WireMapping`): how its body becomes a System One body plus a plan, how the
