@@ -101,3 +101,17 @@ def test_the_server_loop_and_a_direct_call_interleave_safely(base: Clef) -> None
     cold = variant(base, cache_bytes=0)
     assert threaded.answers == cold.decide(body)["answers"]
     assert direct["answers"] == cold.decide(request("direct", SCHEMA_B))["answers"]
+
+
+def test_the_step_budget_is_the_devices_default_unless_given(base: Clef) -> None:
+    import torch
+
+    from clef_runtime.engine.clef import default_step_tokens
+
+    assert default_step_tokens(torch.device("cpu")) == 1024
+    assert default_step_tokens(torch.device("cuda", 0)) == 16384
+    assert base.step_tokens == 1024 and base.step_settings().max_step_tokens == 1024
+    given = variant(base, cache_bytes=0, max_step_tokens=96)
+    assert given.step_tokens == 96
+    given.decide_many([request("a state of some length " * 20, SCHEMA_A)])
+    assert given.last_timings.steps > 1  # the budget reached the steps: the request ran in chunks
