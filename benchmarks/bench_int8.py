@@ -124,28 +124,10 @@ def section_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
 def release_info() -> Any:
     """A `CheckpointInfo` with the 9B release's tensor names and shapes (bf16 headers), built from its
-    geometry on the meta device: no weights, no files."""
-    from clef_runtime.model.checkpoint import CheckpointInfo, TensorInfo
-    from clef_runtime.model.tiny import _backbone_shapes, _head_shapes, random_checkpoint_config
+    geometry on the meta device: no weights, no files (`clef_runtime.model.layouts`)."""
+    from clef_runtime.model.layouts import release_layout
 
-    geometry = GEOMETRIES["release"]
-    config = random_checkpoint_config(geometry=geometry)
-    head_config = geometry.head_config()
-    backbone = _backbone_shapes(config)
-    head = _head_shapes(head_config)
-    tensors = {name: TensorInfo(name, "meta", "BF16", shape) for name, shape in backbone.items()}
-    head_tensors = {name: TensorInfo(name, "meta", "BF16", shape) for name, shape in head.items()}
-    return CheckpointInfo(
-        path=Path("release-geometry"),
-        config=config,
-        head_config=head_config,
-        shards=(),
-        total_weight_bytes=sum(t.nbytes for t in tensors.values()),
-        tensor_count=len(tensors),
-        is_tiny=False,
-        tensors=tensors,
-        head_tensors=head_tensors,
-    )
+    return release_layout("Cloudflare/clef-flash")
 
 
 def section_memory(args: argparse.Namespace) -> dict[str, Any]:

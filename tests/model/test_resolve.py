@@ -18,11 +18,15 @@ import torch
 import clef_runtime.model.resolve as resolve_module
 import clef_runtime.model.tiny as tiny_module
 from clef_runtime.model.checkpoint import (
+    CLEF_27B,
+    CLEF_FLASH,
+    KNOWN_RELEASES,
     PINNED_FILE_SIZES,
     PINNED_REPO_ID,
     PINNED_REVISION,
     RELEASE_FILE_PATTERNS,
     CheckpointError,
+    known_release,
     verify_checkpoint,
 )
 from clef_runtime.model.resolve import (
@@ -34,6 +38,7 @@ from clef_runtime.model.resolve import (
 )
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
+CLEF_27B_REVISION = "2f3de3dd85f379784083b0814d997ab627200f0c"
 
 
 @pytest.fixture
@@ -163,6 +168,83 @@ def test_pinned_release_defaults_to_the_pinned_revision(offline_hub: Path, tiny_
         verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
 
 
+def test_the_known_releases() -> None:
+    # Clef-flash keeps its names; the 27B Clef is pinned too, with no published file sizes (none invented).
+    assert (CLEF_FLASH.repo_id, CLEF_FLASH.revision) == (PINNED_REPO_ID, PINNED_REVISION)
+    assert PINNED_REPO_ID == "Cloudflare/clef-flash"
+    assert CLEF_FLASH.file_sizes is PINNED_FILE_SIZES
+    assert (CLEF_27B.repo_id, CLEF_27B.revision, CLEF_27B.file_sizes) == (
+        "Cloudflare/clef",
+        CLEF_27B_REVISION,
+        None,
+    )
+    assert set(KNOWN_RELEASES) == {"cloudflare/clef-flash", "cloudflare/clef"}
+    assert known_release(" CLOUDFLARE/Clef ") is CLEF_27B
+    assert known_release("cloudflare/clef-flash") is CLEF_FLASH
+    for other in ("Cloudflare/clef-fla", "Cloudflare/clef-27b", "Other/clef", "Cloudflare/clef@main"):
+        assert known_release(other) is None, other
+
+
+def test_the_27b_release_defaults_to_its_pinned_revision(offline_hub: Path, tiny_dir: Path) -> None:
+    snapshot = _hf_cache(offline_hub, "Cloudflare/clef", CLEF_27B_REVISION, tiny_dir, ref=None)
+    for spelling in ("Cloudflare/clef", f"Cloudflare/clef@{CLEF_27B_REVISION}"):
+        resolved = resolve_model(spelling)
+        assert resolved.path == snapshot, spelling
+        assert resolved.revision == CLEF_27B_REVISION
+        # No published sizes: nothing to check them against, and the layout checks still run.
+        assert resolved.expected_sizes is None
+        assert verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes).tensor_count > 0
+    other = _hf_cache(offline_hub, "Cloudflare/clef", REVISION, tiny_dir, ref=None)
+    resolved = resolve_model(f"Cloudflare/clef@{REVISION}")
+    assert (resolved.path, resolved.revision, resolved.expected_sizes) == (other, REVISION, None)
+    # Clef-flash still gets its own revision and published sizes.
+    with pytest.raises(ModelResolutionError, match=f"Cloudflare/clef-flash@{PINNED_REVISION}"):
+        resolve_model("Cloudflare/clef-flash")
+
+
+def test_the_27b_release_not_cached_offline_says_how_to_download_its_pinned_revision(
+    offline_hub: Path,
+) -> None:
+    with pytest.raises(ModelResolutionError) as error:
+        resolve_model("Cloudflare/clef")
+    message = str(error.value)
+    assert f"Cloudflare/clef@{CLEF_27B_REVISION} is not in the local Hugging Face cache" in message
+    assert f"hf download Cloudflare/clef --revision {CLEF_27B_REVISION}" in message
+
+
+def _online_hub(monkeypatch: pytest.MonkeyPatch, snapshot: Path) -> list[dict[str, Any]]:
+    """Make the Hub "answer" and every download return ``snapshot``; returns the list the download calls go
+    to."""
+    calls: list[dict[str, Any]] = []
+
+    def fake_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        calls.append({"repo_id": repo_id, **kwargs})
+        return str(snapshot)
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(resolve_module, "_hub_unreachable", lambda endpoint: None)
+    return calls
+
+
+def test_the_27b_release_downloads_its_pinned_revision_and_only_the_release_files(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _online_hub(monkeypatch, tiny_dir)
+    resolved = resolve_model("Cloudflare/clef")
+    (call,) = calls
+    assert (call["repo_id"], call["revision"]) == ("Cloudflare/clef", CLEF_27B_REVISION)
+    assert call["allow_patterns"] == list(RELEASE_FILE_PATTERNS) and "*.py" in call["ignore_patterns"]
+    assert (resolved.name, resolved.revision, resolved.expected_sizes) == (
+        "Cloudflare/clef",
+        CLEF_27B_REVISION,
+        None,
+    )
+
+
 def test_not_cached_offline_says_how_to_download(offline_hub: Path, tiny_dir: Path) -> None:
     with pytest.raises(ModelResolutionError) as error:
         resolve_model("Cloudflare/clef-flash")
@@ -177,18 +259,7 @@ def test_not_cached_offline_says_how_to_download(offline_hub: Path, tiny_dir: Pa
 
 
 def test_online_download_fetches_only_release_files(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
-    calls: list[dict[str, Any]] = []
-
-    def fake_snapshot_download(repo_id: str, **kwargs: Any) -> str:
-        calls.append({"repo_id": repo_id, **kwargs})
-        return str(tiny_dir)
-
-    import huggingface_hub
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    monkeypatch.setattr(resolve_module, "_hub_unreachable", lambda endpoint: None)  # "the Hub answers"
+    calls = _online_hub(monkeypatch, tiny_dir)
     resolved = resolve_model("Cloudflare/clef-flash")
     assert resolved.path == tiny_dir
     (call,) = calls
@@ -286,6 +357,15 @@ def test_every_spelling_of_a_repo_id_has_one_identity_with_the_revision_it_loads
     assert model_identity("Org/not-cached").ref == "org/not-cached@main"
     _hf_cache(offline_hub, "Org/tiny-clef", REVISION, tiny_dir)
     assert model_identity("Org/Tiny-Clef").ref == f"org/tiny-clef@{resolve_model('Org/tiny-clef').revision}"
+
+
+def test_the_27b_release_has_its_own_identity_with_its_pinned_revision() -> None:
+    clef = model_identity("Cloudflare/clef")
+    assert clef.ref == f"cloudflare/clef@{CLEF_27B_REVISION}" and clef.name == "Cloudflare/clef"
+    for spelling in ("cloudflare/clef", " CLOUDFLARE/Clef ", f"Cloudflare/clef@{CLEF_27B_REVISION}"):
+        assert model_identity(spelling).ref == clef.ref, spelling
+    assert model_identity("Cloudflare/clef@main").ref != clef.ref  # other weights
+    assert model_identity(PINNED_REPO_ID).ref != clef.ref  # Clef-flash is another model
 
 
 def test_a_local_directory_is_identified_by_its_resolved_path_and_tiny_by_its_build(

@@ -1,6 +1,7 @@
-"""The Clef-flash release layout and its verification.
+"""The Clef release layout, the known releases and their pinned revisions, and the layout's verification.
 
-A release directory (Cloudflare/clef-flash, or the built-in tiny checkpoint, which has the same layout) has:
+A release directory (Cloudflare/clef-flash, Cloudflare/clef, or the built-in tiny checkpoint, which has the
+same layout) has:
 
 - ``config.json``: a ``Qwen3_5ForConditionalGeneration`` config (``model_type`` ``qwen3_5``);
 - ``model-0000N-of-0000M.safetensors`` shards and ``model.safetensors.index.json`` (backbone, vision tower and
@@ -12,7 +13,8 @@ A release directory (Cloudflare/clef-flash, or the built-in tiny checkpoint, whi
 ignored: the runtime never imports or executes code that ships with a checkpoint.
 
 `verify_checkpoint` checks all of this from the file system and the safetensors headers only (it never reads
-tensor data), so it is cheap even for the 18.8 GB release, and it runs before anything is loaded.
+tensor data), so it is cheap even for the 18.8 GB Clef-flash release (or the 27B Clef), and it runs before
+anything is loaded.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from clef_runtime.release import (
 )
 
 __all__ = [
+    "CLEF_27B",
+    "CLEF_FLASH",
+    "KNOWN_RELEASES",
     "PINNED_FILE_SIZES",
     "PINNED_REPO_ID",
     "PINNED_REVISION",
@@ -49,7 +54,9 @@ __all__ = [
     "SAFETENSORS_DTYPE_SIZES",
     "CheckpointError",
     "CheckpointInfo",
+    "KnownRelease",
     "TensorInfo",
+    "known_release",
     "read_safetensors_header",
     "verify_checkpoint",
 ]
@@ -79,10 +86,21 @@ RELEASE_FILE_PATTERNS: tuple[str, ...] = (
 RELEASE_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 RELEASE_MODEL_TYPE = "qwen3_5"
 
-PINNED_REPO_ID = "Cloudflare/clef-flash"
-PINNED_REVISION = "17f0b0ad64efb65d273590632833508766b2aae6"
 
-# Published byte sizes of the pinned revision's files (docs/model.md section 2). Checked before any
+@dataclass(frozen=True)
+class KnownRelease:
+    """A published Clef release: its Hugging Face repo id (as Cloudflare spells it), the revision
+    ``--model <repo_id>`` loads when no ``@revision`` is given, and, where they are published, the byte
+    sizes of that revision's files (checked by `verify_checkpoint` before anything is parsed; None where
+    they are not known, and then nothing is checked against them)."""
+
+    repo_id: str
+    revision: str
+    title: str
+    file_sizes: Mapping[str, int] | None = field(default=None, repr=False)
+
+
+# Published byte sizes of the pinned Clef-flash revision's files (docs/model.md section 2). Checked before any
 # file is parsed when the caller asks for the pinned revision: a partial download or another revision shows.
 PINNED_FILE_SIZES: Mapping[str, int] = {
     CONFIG_FILE: 2_832,
@@ -97,6 +115,35 @@ PINNED_FILE_SIZES: Mapping[str, int] = {
     TOKENIZER_FILE: 19_989_325,
     TOKENIZER_CONFIG_FILE: 1_075,
 }
+
+#: Clef-flash: the Qwen3.5-9B backbone (docs/model.md).
+CLEF_FLASH = KnownRelease(
+    repo_id="Cloudflare/clef-flash",
+    revision="17f0b0ad64efb65d273590632833508766b2aae6",
+    title="Clef-flash (9B)",
+    file_sizes=PINNED_FILE_SIZES,
+)
+#: Clef: the Qwen3.5-27B backbone (docs/clef-27b.md). Its file sizes are not published: none are checked.
+CLEF_27B = KnownRelease(
+    repo_id="Cloudflare/clef",
+    revision="2f3de3dd85f379784083b0814d997ab627200f0c",
+    title="Clef (27B)",
+)
+
+#: The known releases by lower-cased repo id (the Hub matches repo ids case-insensitively).
+KNOWN_RELEASES: Mapping[str, KnownRelease] = {
+    release.repo_id.lower(): release for release in (CLEF_FLASH, CLEF_27B)
+}
+
+# The names from when Clef-flash was the only known release; they still mean Clef-flash.
+PINNED_REPO_ID = CLEF_FLASH.repo_id
+PINNED_REVISION = CLEF_FLASH.revision
+
+
+def known_release(repo_id: str) -> KnownRelease | None:
+    """The known release ``repo_id`` names (any letter case, no ``@revision``), or None."""
+    return KNOWN_RELEASES.get(repo_id.strip().lower())
+
 
 # Bytes per element of every dtype the safetensors format defines.
 SAFETENSORS_DTYPE_SIZES: Mapping[str, int] = {
@@ -182,7 +229,7 @@ class CheckpointInfo:
 
     @property
     def hidden_size(self) -> int:
-        """The backbone's hidden size (4096 for Clef-flash)."""
+        """The backbone's hidden size (4096 for Clef-flash, 5120 for Clef)."""
         return int(self.text_config["hidden_size"])
 
     def shard_path(self, name: str) -> Path:
@@ -342,11 +389,12 @@ def verify_checkpoint(
 ) -> CheckpointInfo:
     """Verify a release directory without loading any weights.
 
-    When ``expected_sizes`` is given (e.g. `PINNED_FILE_SIZES` for the pinned Clef-flash revision), the listed
-    files' byte sizes are checked first, before any file is parsed. Then: every required file exists and each
-    JSON file parses; the index's ``weight_map`` names only shard files that exist; every shard's safetensors
-    header parses and its tensors are exactly the ones the index assigns to it; ``lm_head.weight`` exists; the
-    head's safetensors header parses and its config matches the backbone's hidden size.
+    When ``expected_sizes`` is given (a `KnownRelease`'s ``file_sizes``, e.g. `PINNED_FILE_SIZES` for the
+    pinned Clef-flash revision), the listed files' byte sizes are checked first, before any file is parsed.
+    Then: every required file exists and each JSON file parses; the index's ``weight_map`` names only shard
+    files that exist; every shard's safetensors header parses and its tensors are exactly the ones the index
+    assigns to it; ``lm_head.weight`` exists; the head's safetensors header parses and its config matches the
+    backbone's hidden size.
 
     Returns a `CheckpointInfo`. Raises `CheckpointError` (a ValueError) naming the offending file.
     """

@@ -6,7 +6,8 @@ The estimate itemises what the runtime holds:
   of the layers ``--weights int8`` quantises (``int8_layers``): one byte per weight plus a 4-byte scale per
   output row;
 - the vision tower in the compute dtype, only when asked (``include_vision``);
-- the lexical table (``lm_head.weight``), which `LexicalTable` keeps in its stored dtype (bf16, 2 GB);
+- the lexical table (``lm_head.weight``), which `LexicalTable` keeps in its stored dtype (bf16: 2.0 GB for
+  Clef-flash, 2.5 GB for Clef);
 - the JointSchemaHead in fp32;
 - a working-memory allowance (torch runtime, prefill activations, allocator slack).
 
@@ -14,6 +15,12 @@ For Clef-flash all backbone tensors together are 18.8 GB in bf16 (37.6 GB if eve
 default (fp32 text model + bf16 lexical table + fp32 head) needs ~37 GB and does not fit a 24 GB machine.
 From the release's layout (``benchmarks/bench_int8.py --sections memory``, BENCHMARKS.md), in all: fp32
 36.9 GB, bf16 storage 20.3 GB, int8 layers 12-31 + bf16 storage 15.7 GB, int8 everywhere + bf16 13.0 GB.
+
+The 27B Clef (Qwen3.5-27B geometry, docs/clef-27b.md; 27.4 B parameters, 54.7 GB in bf16) needs, text
+model without vision, from its layout (`clef_runtime.model.layouts.estimate_release_memory`: no weights
+needed): fp32 111.8 GB, bf16 57.9 GB, int8 layers 24-63 + bf16 storage 42.0 GB, int8 everywhere + bf16
+32.4 GB. No form of it fits a 24 GB machine, and `check_fits` says so with that least figure
+(``least_total_bytes``) instead of advising modes that would not fit either.
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ class MemoryEstimate:
     head_bytes: int
     overhead_bytes: int
     int8_layers: tuple[int, ...] = ()
+    least_total_bytes: int | None = None
+    """On CPU: the ``total_bytes`` of the least memory the runtime can hold this model in (``--weights int8
+    --int8-layers all``: every decoder Linear in int8, the other tensors in bf16); None where not computed
+    (int8 is a CPU feature)."""
 
     @property
     def backbone_bytes(self) -> int:
@@ -119,28 +130,22 @@ def estimate_model_memory(
 
     ``device`` may be "auto" (as in `Backbone.load`). Text (and, with ``include_vision``, vision) tensors are
     counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32; the decoder
-    Linear weights of ``int8_layers`` at one byte per weight plus four per output row. Returns a
-    `MemoryEstimate`. Raises ValueError for an unavailable device.
+    Linear weights of ``int8_layers`` at one byte per weight plus four per output row. On CPU the estimate
+    also carries ``least_total_bytes``, the need with every layer in int8 and bf16 elsewhere (what
+    `check_fits` names when nothing fits). Returns a `MemoryEstimate`. Raises ValueError for an unavailable
+    device.
     """
-    from clef_runtime.model.quantize import int8_weight_bytes, is_int8_weight
-
     resolved_device = resolve_device(device)
-    element = torch.empty((), dtype=dtype).element_size()
-    text = vision = lexical = 0
-    for name, tensor in info.tensors.items():
-        if name.startswith(TEXT_PREFIX):
-            if int8_layers and is_int8_weight(name[len(TEXT_PREFIX) :], tensor.shape, int8_layers):
-                text += int8_weight_bytes(tensor.shape)
-            else:
-                text += tensor.numel * element
-        elif name.startswith(VISION_PREFIX):
-            vision += tensor.numel * element
-        elif name == LM_HEAD_TENSOR:
-            lexical += tensor.nbytes
+    text, vision, lexical = _weight_bytes(info, dtype, int8_layers)
     head = sum(tensor.numel for tensor in info.head_tensors.values()) * 4
     if not include_vision:
         vision = 0
-    overhead = _BASE_OVERHEAD_BYTES + int(_OVERHEAD_FRACTION * (text + vision))
+    least = None
+    if resolved_device.type == "cpu":
+        every_layer = range(int(info.text_config["num_hidden_layers"]))
+        least_text, least_vision, _ = _weight_bytes(info, torch.bfloat16, every_layer)
+        least_vision = least_vision if include_vision else 0
+        least = least_text + least_vision + lexical + head + _overhead(least_text + least_vision)
     return MemoryEstimate(
         device=resolved_device,
         dtype=dtype,
@@ -148,9 +153,38 @@ def estimate_model_memory(
         vision_bytes=vision,
         lexical_bytes=lexical,
         head_bytes=head,
-        overhead_bytes=overhead,
+        overhead_bytes=_overhead(text + vision),
         int8_layers=tuple(sorted(int8_layers)),
+        least_total_bytes=least,
     )
+
+
+def _weight_bytes(
+    info: CheckpointInfo, dtype: torch.dtype, int8_layers: Collection[int]
+) -> tuple[int, int, int]:
+    """Bytes of the (text, vision, lexical) tensors: text and vision at ``dtype``'s element size except the
+    decoder Linear weights of ``int8_layers`` (int8 + a scale per row), the lm_head table as stored."""
+    from clef_runtime.model.quantize import int8_weight_bytes, is_int8_weight
+
+    layers = frozenset(int8_layers)
+    element = torch.empty((), dtype=dtype).element_size()
+    text = vision = lexical = 0
+    for name, tensor in info.tensors.items():
+        if name.startswith(TEXT_PREFIX):
+            if layers and is_int8_weight(name[len(TEXT_PREFIX) :], tensor.shape, layers):
+                text += int8_weight_bytes(tensor.shape)
+            else:
+                text += tensor.numel * element
+        elif name.startswith(VISION_PREFIX):
+            vision += tensor.numel * element
+        elif name == LM_HEAD_TENSOR:
+            lexical += tensor.nbytes
+    return text, vision, lexical
+
+
+def _overhead(model_bytes: int) -> int:
+    """The working-memory allowance for a model whose text (+ vision) weights take ``model_bytes``."""
+    return _BASE_OVERHEAD_BYTES + int(_OVERHEAD_FRACTION * model_bytes)
 
 
 def available_memory(device: str | torch.device) -> int:
@@ -182,7 +216,14 @@ def check_fits(estimate: MemoryEstimate, available: int | None = None) -> None:
     if estimate.total_bytes <= available:
         return
     needed = f"~{estimate.total_bytes / _GB:.1f} GB in {_dtype_name(estimate.dtype)}"
-    if estimate.device.type == "cpu" and estimate.dtype == torch.float32 and not estimate.int8_layers:
+    least = estimate.least_total_bytes
+    if estimate.device.type == "cpu" and least is not None and least > available:
+        advice = (
+            f"no weight mode fits: even --weights int8 --int8-layers all (the least memory, bf16 elsewhere) "
+            f"needs ~{least / _GB:.1f} GB; use --device cuda with enough GPU memory, or a machine with more "
+            "memory"
+        )
+    elif estimate.device.type == "cpu" and estimate.dtype == torch.float32 and not estimate.int8_layers:
         advice = (
             "use --weights bf16-storage (half the memory, same fp32 compute) or --weights int8 "
             "(--int8-layers all for the least memory), --device cuda, or a machine with more memory"

@@ -4,9 +4,10 @@ Three forms:
 
 - ``"tiny"``: the built-in untrained test model, built once into ``<cache_dir()>/tiny-<version>/`` and reused;
 - an existing local directory in the release layout;
-- a Hugging Face repo id with an optional ``@revision``: ``Cloudflare/clef-flash`` defaults to the pinned
-  revision, other repos to ``main``. Only the release files are fetched (never ``*.py``); with
-  ``HF_HUB_OFFLINE=1`` only the local Hugging Face cache is consulted.
+- a Hugging Face repo id with an optional ``@revision``: a known release (``Cloudflare/clef-flash``,
+  ``Cloudflare/clef``: `KNOWN_RELEASES`) defaults to its pinned revision, other repos to ``main``. Only the
+  release files are fetched (never ``*.py``); with ``HF_HUB_OFFLINE=1`` only the local Hugging Face cache is
+  consulted.
 
 `model_identity` names the weights a spec points to without resolving it (no download, no build): what
 batch jobs record, so that a job is only ever answered by the model it was submitted to.
@@ -23,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clef_runtime.model.checkpoint import (
-    PINNED_FILE_SIZES,
-    PINNED_REPO_ID,
-    PINNED_REVISION,
+    PINNED_REVISION,  # noqa: F401 (re-exported: Clef-flash's pinned revision, as before known releases)
     RELEASE_FILE_PATTERNS,
     CheckpointError,
+    KnownRelease,
+    known_release,
 )
 from clef_runtime.release import CONFIG_FILE
 
@@ -54,7 +55,8 @@ class ModelResolutionError(CheckpointError):
 @dataclass(frozen=True)
 class ResolvedModel:
     """Where a model spec points: ``path`` is a release directory; ``expected_sizes`` is set for the pinned
-    Clef-flash revision (pass it to `verify_checkpoint` to check the published file sizes)."""
+    revision of a known release whose file sizes are published (Clef-flash's): pass it to
+    `verify_checkpoint` to check them."""
 
     path: Path
     name: str
@@ -128,15 +130,20 @@ def _split_spec(spec: str) -> tuple[str, str | None]:
     return repo_id, (revision or None)
 
 
-def _is_pinned_repo(repo_id: str) -> bool:
-    return repo_id.lower() == PINNED_REPO_ID.lower()
-
-
 def _revision_of(repo_id: str, revision: str | None) -> str:
-    """The revision loaded for ``repo_id``: the one given, else the pinned one for Clef-flash, else main."""
+    """The revision loaded for ``repo_id``: the one given, else a known release's pinned one, else main."""
     if revision is not None:
         return revision
-    return PINNED_REVISION if _is_pinned_repo(repo_id) else "main"
+    release = known_release(repo_id)
+    return release.revision if release is not None else "main"
+
+
+def _expected_sizes(release: KnownRelease | None, revision: str) -> Mapping[str, int] | None:
+    """The published file sizes to verify ``revision`` against: a known release's, at its pinned revision
+    only (another revision has other files), and only where they are published."""
+    if release is None or revision != release.revision:
+        return None
+    return release.file_sizes
 
 
 def _local_dir(spec: str) -> Path | None:
@@ -158,7 +165,7 @@ class ModelIdentity:
 def model_identity(spec: str) -> ModelIdentity:
     """The identity of the ``--model`` value ``spec``, as `resolve_model` would resolve it: ``tiny`` by its
     build (random weights differ between builds), a local directory by its resolved path, a Hugging Face
-    repo by its lower-cased id with its revision (the pinned one for Clef-flash, ``main`` for others). Any
+    repo by its lower-cased id with its revision (a known release's pinned one, ``main`` for others). Any
     other value stands for itself. Nothing is downloaded or built."""
     spec = spec.strip()
     if spec == TINY_SPEC:
@@ -273,10 +280,11 @@ def _one_line(error: BaseException) -> str:
 def resolve_model(spec: str) -> ResolvedModel:
     """Resolve a model spec (``tiny``, a local directory, or ``org/name[@revision]``) to a release directory.
 
-    The directory is not verified here (see `verify_checkpoint`); for the pinned Clef-flash revision the
-    result carries the published file sizes to verify against. Returns a `ResolvedModel`. Raises
-    `ModelResolutionError` (a CheckpointError) when the spec is not a directory and not a valid repo id, the
-    repo/revision does not exist, or it is not cached while offline (the message says how to download it).
+    The directory is not verified here (see `verify_checkpoint`); for a known release's pinned revision the
+    result carries its published file sizes to verify against (Clef-flash's; none are published for Clef).
+    Returns a `ResolvedModel`. Raises `ModelResolutionError` (a CheckpointError) when the spec is not a
+    directory and not a valid repo id, the repo/revision does not exist, or it is not cached while offline
+    (the message says how to download it).
     """
     spec = spec.strip()
     if not spec:
@@ -301,7 +309,7 @@ def resolve_model(spec: str) -> ResolvedModel:
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise not_a_spec from error
-    is_pinned_repo = _is_pinned_repo(repo_id)
+    release = known_release(repo_id)
     revision = _revision_of(repo_id, revision)
     path = _download(repo_id, revision)
     return ResolvedModel(
@@ -309,5 +317,5 @@ def resolve_model(spec: str) -> ResolvedModel:
         name=repo_id,
         revision=revision,
         is_tiny=_is_tiny_dir(path),
-        expected_sizes=PINNED_FILE_SIZES if is_pinned_repo and revision == PINNED_REVISION else None,
+        expected_sizes=_expected_sizes(release, revision),
     )
