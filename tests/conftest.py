@@ -19,6 +19,10 @@ os.environ.setdefault(
     "CLEF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "clef-cache")
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Exactness tests compare with reference numbers computed in fp32, so every model a test starts through the
+# CLI or a server process computes in fp32 unless the test asks otherwise (`Clef.load` calls pass dtype="fp32"
+# themselves); the bf16 path and `--dtype auto` have tests of their own (tests/model/test_compute_dtype.py).
+os.environ.setdefault("CLEF_DTYPE", "fp32")
 # Servers built by tests open their batch-jobs database under the user data directory: keep it out of the
 # home directory, one fresh directory per run (tests that submit jobs use a database of their own).
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="clef-tests-data-")
@@ -32,8 +36,9 @@ configure_cpu_threads()
 
 @pytest.fixture(scope="session")
 def tiny() -> Clef:
-    """The built-in untrained tiny model with the default options, loaded once for the whole run: share it
-    only where a test does not depend on what others ran before (its state cache is shared too)."""
+    """The built-in untrained tiny model with the default options but fp32 compute, loaded once for the whole
+    run: share it only where a test does not depend on what others ran before (its state cache is shared
+    too)."""
     from clef_runtime.engine.clef import Clef
 
-    return Clef.load("tiny")
+    return Clef.load("tiny", dtype="fp32")

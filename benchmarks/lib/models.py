@@ -17,8 +17,10 @@ format, so a changed geometry gets a fresh directory (and the stale one is remov
   serving engine's targets (``bench_engine.py``).
 - ``release``: the 9B release's geometry (32 layers, hidden 4,096; no weights are ever built for it: the
   int8 benchmark reads its memory need from the tensor layout).
-- ``wide``: 4 layers of the release's geometry (3 Gated DeltaNet + 1 attention), built in memory with a
-  small vocabulary (`text_model`): the real-width block of ``bench_realwidth.py`` and ``bench_weights.py``.
+- ``wide``: 4 layers of the release's geometry (3 Gated DeltaNet + 1 attention): built in memory with a
+  small vocabulary (`text_model`), the real-width block of ``bench_realwidth.py`` and ``bench_weights.py``;
+  as a checkpoint (full vocabulary, the release's head: ~5.6 GB of bf16 shards, about a minute to write),
+  the real-width model that ``bench_dtype.py`` loads through ``Clef``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from clef_runtime.model.layouts import CLEF_FLASH_GEOMETRY
 from clef_runtime.model.tiny import (
     TINY_FORMAT,
     Geometry,
@@ -58,23 +61,7 @@ __all__ = [
 
 logger = logging.getLogger("benchmarks.models")
 
-_RELEASE = Geometry(
-    hidden_size=4096,
-    layers=32,
-    intermediate_size=12288,
-    attention_heads=16,
-    kv_heads=4,
-    head_dim=256,
-    deltanet_key_heads=16,
-    deltanet_value_heads=32,
-    deltanet_key_dim=128,
-    deltanet_value_dim=128,
-    head_width=1024,
-    head_routing_layers=2,
-    head_layers=4,
-    head_heads=16,
-    head_feedforward=4096,
-)
+_RELEASE = CLEF_FLASH_GEOMETRY  # the 9B release's geometry, as the package's memory planner knows it
 
 GEOMETRIES: dict[str, Geometry] = {
     "medium": Geometry(
@@ -116,8 +103,8 @@ GEOMETRIES: dict[str, Geometry] = {
 }
 # medium-1024 with 4 layers (3 Gated DeltaNet + 1 attention): the serving engine's target model.
 GEOMETRIES["medium-1024x4"] = dataclasses.replace(GEOMETRIES["medium-1024"], layers=4)
-#: The geometries written as checkpoints (``release`` and ``wide`` are too large for that: see above).
-MODEL_NAMES = ("medium", "medium-1024", "medium-1024x4")
+#: The geometries written as checkpoints (``release`` is too large for that: see above).
+MODEL_NAMES = ("medium", "medium-1024", "medium-1024x4", "wide")
 
 _SHARD_BYTES = 1 << 30
 _SEED = 0

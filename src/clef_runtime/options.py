@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "COMPUTE_DTYPES",
     "DEFAULT_MAX_LENGTH",
     "ENCODE_OPTION_FIELDS",
     "ENGINE_OPTIONS",
@@ -45,6 +46,7 @@ DEFAULT_MAX_LENGTH = 16384
 DEFAULT_IMAGE_MAX_TOKENS = 1024
 
 WEIGHT_MODES = ("auto", "fp32", "bf16-storage", "int8")
+COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 IMAGE_MODES = ("native", "g256", "g448")
 CONFIDENCE_MODES = ("seed", "typesafe", "workers-ai")
 
@@ -199,7 +201,7 @@ MODEL_OPTION = Option(
     "CLEF_MODEL",
     str,
     "'tiny' (built-in untrained test model), a local release directory, or a Hugging Face repo id with an "
-    "optional @revision (Cloudflare/clef-flash defaults to the pinned revision)",
+    "optional @revision (Cloudflare/clef-flash and Cloudflare/clef default to their pinned revisions)",
     "M",
 )
 
@@ -217,6 +219,9 @@ class EngineOptions:
 
     device: str = "auto"
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: str = "auto"
+    """The backbone's compute dtype: ``auto`` (bf16 on CUDA and on CPUs with native bf16 where it measures
+    faster, else fp32), ``fp32`` (the reference's numbers) or ``bf16``. The head always computes in fp32."""
     weights: str = "auto"
     """CPU weight storage: ``auto``, ``fp32``, ``bf16-storage`` or ``int8`` (see ``--int8-layers``)."""
     int8_layers: str = "late"
@@ -251,6 +256,12 @@ class EngineOptions:
         problems = []
         if not _valid_device(self.device):
             problems.append(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in COMPUTE_DTYPES:
+            problems.append(f"--dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.dtype!r}")
+        elif self.dtype == "bf16" and self.weights in ("fp32", "bf16-storage", "int8"):
+            problems.append(
+                f"--weights {self.weights} is a storage mode for fp32 compute: not with --dtype bf16"
+            )
         if self.weights not in WEIGHT_MODES:
             problems.append(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")
         if not _valid_int8_layers(self.int8_layers):
@@ -324,13 +335,25 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "DEV",
     ),
     Option(
+        "dtype",
+        "--dtype",
+        "CLEF_DTYPE",
+        parse_lower,
+        "backbone compute dtype: auto (bf16 on CUDA, and on CPUs with AVX512_BF16 or AMX where a GEMM "
+        "measured at load is faster; else fp32), fp32 (the reference's numbers) or bf16; the head always "
+        "computes in fp32 (default auto)",
+        "DTYPE",
+        choices=COMPUTE_DTYPES,
+    ),
+    Option(
         "weights",
         "--weights",
         "CLEF_WEIGHTS",
         parse_lower,
-        "CPU weight storage: auto (fp32 when it fits, else bf16 storage with fp32 compute, int8 only when "
-        "neither fits, saying so in the log), fp32, bf16-storage, or int8 (opt-in: changes numbers, see "
-        "--int8-layers) (default auto)",
+        "CPU weight storage under fp32 compute: auto (fp32 when it fits, else bf16 storage with fp32 "
+        "compute, int8 only when neither fits, saying so in the log), fp32, bf16-storage, or int8 (opt-in: "
+        "changes numbers, see --int8-layers); a mode other than auto means fp32 compute under --dtype auto; "
+        "with bf16 compute the weights are bf16 (default auto)",
         "MODE",
         choices=WEIGHT_MODES,
     ),

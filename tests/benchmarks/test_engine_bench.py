@@ -33,7 +33,7 @@ request_of_length = engine_bench.request_of_length
 
 @pytest.fixture(scope="module")
 def tiny_clef() -> Clef:
-    return Clef.load("tiny", device="cpu")
+    return Clef.load("tiny", dtype="fp32", device="cpu")
 
 
 @pytest.mark.slow

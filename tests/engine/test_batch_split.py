@@ -13,7 +13,7 @@ from clef_runtime.model.backbone import DEFAULT_MAX_CALL_TOKENS
 
 @pytest.fixture(scope="module")
 def clef() -> Clef:
-    return Clef.load("tiny", cache_mb=0)
+    return Clef.load("tiny", dtype="fp32", cache_mb=0)
 
 
 def _body(index: int, words: int) -> dict[str, Any]:

@@ -98,7 +98,11 @@ def test_label_names_the_file_and_its_digest(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Clef, Clef, Path]:
     path = write(tmp_path_factory.mktemp("calibration"), FILE)
-    return Clef.load("tiny", cache_mb=0), Clef.load("tiny", cache_mb=0, calibration=str(path)), path
+    return (
+        Clef.load("tiny", dtype="fp32", cache_mb=0),
+        Clef.load("tiny", dtype="fp32", cache_mb=0, calibration=str(path)),
+        path,
+    )
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ REQUESTS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def clef() -> Clef:
-    return Clef.load("tiny")
+    return Clef.load("tiny", dtype="fp32")
 
 
 def check_response(request: dict[str, Any], response: dict[str, Any], input_tokens: int) -> None:
@@ -299,7 +299,7 @@ def test_text_after_an_image_equals_a_fresh_engine(clef: Clef) -> None:
     text_body = {"state": "plain text after pictures", "questions": IMAGE_QUESTIONS}
     clef.decide(cloudflare_form("pictures first", IMAGES[:2]))
     after = clef.probabilities_encoded([clef.prepare(text_body)])
-    fresh = Clef.load("tiny", cache_mb=64)  # the same settings as `clef`, nothing run before
+    fresh = Clef.load("tiny", dtype="fp32", cache_mb=64)  # the same settings as `clef`, nothing run before
     assert fresh.probabilities_encoded([fresh.prepare(text_body)]) == after
     assert not fresh.vision_tower.loaded
 

@@ -18,7 +18,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def base() -> Clef:
-    return Clef.load("tiny", cache_mb=64)
+    return Clef.load("tiny", dtype="fp32", cache_mb=64)
 
 
 def loop_of(clef: Clef, budget: int) -> EngineLoop:

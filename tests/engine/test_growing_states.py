@@ -25,7 +25,7 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def base() -> Clef:
-    return Clef.load("tiny", cache_mb=64)
+    return Clef.load("tiny", dtype="fp32", cache_mb=64)
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def request(state: Any, questions: dict[str, Any], **extra: Any) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def base() -> Clef:
-    return Clef.load("tiny", cache_mb=64)
+    return Clef.load("tiny", dtype="fp32", cache_mb=64)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def test_cuda_shapes_cover_the_step_limits() -> None:
 
 
 def test_backbone_warmup_runs_the_shapes_and_changes_no_answer() -> None:
-    clef = Clef.load("tiny", cache_mb=0)
+    clef = Clef.load("tiny", dtype="fp32", cache_mb=0)
     request = {"state": "warm", "questions": {"q": {"type": "noul", "instructions": "is it?"}}}
     before = clef.decide(request)
     tokens_before = clef.backbone_tokens

@@ -68,7 +68,7 @@ class Kept(logging.Handler):
         self.records.append(record.getMessage())
 
 logging.getLogger(FALLBACK_LOGGER).addHandler(Kept())
-clef = Clef.load("tiny", device="cpu")
+clef = Clef.load("tiny", dtype="fp32", device="cpu")
 clef.decide({"state": "a ticket", "questions": {"q": {"type": "noul"}}})
 print(json.dumps({"reference_calls": sorted(set(calls)), "records": Kept.records}))
 """

@@ -160,8 +160,8 @@ def test_apply_on_a_loaded_model_equals_quantising_at_load(tiny_dir: Path, fp32_
 
 
 def test_head_lexical_and_embeddings_stay_exact() -> None:
-    exact = Clef.load("tiny", weights="fp32", cache_mb=0)
-    int8 = Clef.load("tiny", weights="int8", int8_layers="all", cache_mb=0)
+    exact = Clef.load("tiny", dtype="fp32", weights="fp32", cache_mb=0)
+    int8 = Clef.load("tiny", dtype="fp32", weights="int8", int8_layers="all", cache_mb=0)
     assert int8_linear_count(int8.backbone.model) > 0
     for (name, a), (_, b) in zip(
         exact.head.state_dict().items(), int8.head.state_dict().items(), strict=True
@@ -222,7 +222,7 @@ def test_cli_decide_with_int8(capsys: pytest.CaptureFixture[str]) -> None:
     response = json.loads(capsys.readouterr().out)
     example = json.loads((ROOT / "examples" / "request.json").read_text())
     assert list(response["answers"]) == list(example["questions"])
-    exact = Clef.load("tiny", weights="fp32", cache_mb=0).decide(example)
+    exact = Clef.load("tiny", dtype="fp32", weights="fp32", cache_mb=0).decide(example)
     assert response["usage"] == exact["usage"]
 
 

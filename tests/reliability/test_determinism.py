@@ -13,7 +13,7 @@ from tests.reliability.determinism import measure, varied_requests
 
 @pytest.mark.slow
 def test_batched_cached_and_repeated_answers_agree_on_the_tiny_model() -> None:
-    engine = Clef.load("tiny", cache_mb=64)
+    engine = Clef.load("tiny", dtype="fp32", cache_mb=64)
     report = measure(engine, varied_requests(10, seed=1), seed=1)
     assert report.requests == 10 and report.batches >= 2
     assert report.cache_hits >= 10

@@ -228,7 +228,7 @@ def test_no_code_or_pickle_is_loaded_from_a_checkpoint(tmp_path: Path) -> None:
     shutil.copytree(tiny, checkpoint, copy_function=os.symlink)
     marker = tmp_path / "executed"
     _plant_traps(checkpoint, marker)
-    engine = Clef.load(str(checkpoint), cache_mb=0)
+    engine = Clef.load(str(checkpoint), dtype="fp32", cache_mb=0)
     response = engine.decide({"state": "x", "questions": {"q": NOUL}})
     assert 0 <= response["answers"]["q"]["noul"] <= 1
     assert not marker.exists()

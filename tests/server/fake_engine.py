@@ -83,6 +83,7 @@ class FakeClef:
     calibration_card = None
     device = "cpu"
     weight_mode = "fp32"
+    compute_dtype = "fp32"
     step_tokens = 16384
 
     def __init__(

@@ -35,7 +35,7 @@ def formula(probs: list[float], t: float) -> np.ndarray:
 def test_served_probabilities_follow_the_formula(serve_fake: Callable[..., Served], tmp_path: Path) -> None:
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"version": 1, "temperatures": TEMPERATURES}), encoding="utf-8")
-    raw_engine = Clef.load("tiny", cache_mb=0)
+    raw_engine = Clef.load("tiny", dtype="fp32", cache_mb=0)
     item = raw_engine.prepare(REQUEST)
     raw = raw_engine.probabilities_encoded([item])[0]
     expected = {
@@ -43,7 +43,7 @@ def test_served_probabilities_follow_the_formula(serve_fake: Callable[..., Serve
         for q, p in zip(item.record.questions, raw, strict=True)
     }
 
-    served = serve_fake(engine=Clef.load("tiny", cache_mb=0, calibration=str(path)))
+    served = serve_fake(engine=Clef.load("tiny", dtype="fp32", cache_mb=0, calibration=str(path)))
     response = served.client.post("/v1/systemone", json=REQUEST)
     assert response.status_code == 200, response.text
     body = response.json()

@@ -28,6 +28,7 @@ ATTRIBUTES = [
     "options",
     "device",
     "weight_mode",
+    "compute_dtype",
     "step_tokens",
 ]
 ENGINES = [Clef, IngressEngine, FakeClef]

@@ -104,7 +104,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def engine() -> Clef:
-    return Clef.load("tiny")
+    return Clef.load("tiny", dtype="fp32")
 
 
 @pytest.fixture(scope="module")

@@ -290,6 +290,7 @@ def test_the_status_page_shows_new_figures_after_a_request(watched: Watched, ser
     backbone = server.app.state.runtime.engine.backbone
     assert page.locator("#s-device").inner_text() == str(backbone.device)
     assert page.locator("#s-weights").inner_text() == backbone.weight_mode
+    assert page.locator("#s-dtype").inner_text() == backbone.dtype_name
     before = int(page.locator("#s-requests").inner_text())
     body = {"state": "status check", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
     assert httpx.post(server.url + "/v1/systemone", json=body, timeout=120).status_code == 200

@@ -37,7 +37,7 @@ from clef_runtime.engine.policy import StepSettings
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
-from clef_runtime.model.checkpoint import verify_checkpoint
+from clef_runtime.model.checkpoint import CLEF_27B, verify_checkpoint
 from clef_runtime.model.head import JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
@@ -178,12 +178,16 @@ class Clef:
         self.description = (
             TINY_DESCRIPTION if self.untrained else f"{resolved.name}: Cloudflare's Clef decision model"
         )
-        self.release_date = "2026-11-29" if self.untrained else CLEF_FLASH_RELEASE_DATE
+        # The 27B release's date is not published: /v1/models then says it is unknown.
+        is_27b = resolved.name.lower() == CLEF_27B.repo_id.lower()
+        self.release_date = "2026-11-29" if self.untrained else None if is_27b else CLEF_FLASH_RELEASE_DATE
         self.max_length = options.max_length
         self.device = str(backbone.device)
         """Where the model runs (``cpu``, ``cuda:0``)."""
         self.weight_mode = backbone.weight_mode
         """How the backbone's weights are stored (``fp32``, ``bf16-storage``, ``int8``, ...)."""
+        self.compute_dtype = backbone.dtype_name
+        """The backbone's compute dtype (``fp32`` or ``bf16``; the head always computes in fp32)."""
         self.step_tokens = options.max_step_tokens or default_step_tokens(backbone.device)
         """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
         self.last_timings = DecisionTimings()
@@ -234,6 +238,7 @@ class Clef:
         backbone = Backbone.load(
             resolved.path,
             device=opts.device,
+            dtype=opts.dtype,
             info=info,
             check_memory=opts.check_memory,
             weights=opts.weights,
@@ -250,11 +255,14 @@ class Clef:
         )
         clef = cls(loaded, opts, calibration=calibration)
         logger.info(
-            "loaded %s from %s on %s in %.1f s (weights %s, state cache %.0f MiB, step budget %d tokens)",
+            "loaded %s from %s on %s in %.1f s (%s compute: %s; weights %s, state cache %.0f MiB, step "
+            "budget %d tokens)",
             resolved.name,
             resolved.path,
             backbone.device,
             time.perf_counter() - started,
+            backbone.dtype_name,
+            backbone.dtype_reason,
             backbone.weight_mode,
             clef.state_cache.capacity_bytes / MiB,
             clef.step_tokens,

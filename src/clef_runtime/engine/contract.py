@@ -95,6 +95,8 @@ class DecisionEngine(Protocol[PreparedT]):
     """Where the model runs (``cpu``, ``cuda:0``): ``/status.json``."""
     weight_mode: str
     """How the weights are stored and computed (``fp32``, ``bfloat16``, ``bf16-storage``, ``int8``...)."""
+    compute_dtype: str
+    """The backbone's compute dtype, ``fp32`` or ``bf16`` (``/v1/models``, ``/status.json``, the log)."""
     step_tokens: int
     """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
 

@@ -37,6 +37,7 @@ from torch import Tensor
 from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
 from clef_runtime.model import memory
 from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
+from clef_runtime.model.compute_dtype import ComputeChoice, choose_compute_dtype
 from clef_runtime.model.device import resolve_device, resolve_dtype
 from clef_runtime.model.fused import quiet_fallback_advice
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
@@ -52,6 +53,7 @@ from clef_runtime.model.state import (
     _as_id_tensor,
 )
 from clef_runtime.model.weights import WeightPlan, apply_bf16_storage, plan_weights
+from clef_runtime.options import COMPUTE_DTYPES
 from clef_runtime.release import CONFIG_FILE, INDEX_FILE, LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 from clef_runtime.shards import ShardError, read_shard, shard_path
 
@@ -86,14 +88,10 @@ _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
 # ------------------------------------------------------------------------------------------ loading steps
 
 
-def _device_and_dtype(
-    device: str | torch.device, dtype: torch.dtype | str | None, threads: int | None, fused_kernels: bool
-) -> tuple[torch.device, torch.dtype]:
-    """Resolve the device and compute dtype, set torch's thread count for it and, off CPU, choose the
-    DeltaNet kernels (`clef_runtime.model.fused`, process-wide; on CPU transformers' advice to install them
-    is dropped). Returns both."""
+def _prepare_device(device: str | torch.device, threads: int | None, fused_kernels: bool) -> torch.device:
+    """Resolve the device, set torch's thread count for it and, off CPU, choose the DeltaNet kernels
+    (`clef_runtime.model.fused`, process-wide; on CPU transformers' advice to install them is dropped)."""
     resolved_device = resolve_device(device)
-    resolved_dtype = resolve_dtype(resolved_device, dtype)
     quiet_fallback_advice(resolved_device.type)
     if resolved_device.type == "cpu":
         configure_cpu_threads(threads)
@@ -104,7 +102,27 @@ def _device_and_dtype(
         logger.info("fused DeltaNet kernels on %s: %s", resolved_device, fused_kernels_status())
         if threads is not None:
             torch.set_num_threads(threads)
-    return resolved_device, resolved_dtype
+    return resolved_device
+
+
+def _compute_choice(
+    dtype: torch.dtype | str | None, device: torch.device, weights: str, info: CheckpointInfo
+) -> ComputeChoice:
+    """The compute dtype: the ``--dtype`` values (``auto``, ``fp32``, ``bf16``) are decided by
+    `choose_compute_dtype` (device, CPU flags, a GEMM measured at the model's width, ``weights``); torch
+    dtypes, other names and None (the device's default) by `resolve_dtype`."""
+    if dtype in COMPUTE_DTYPES:
+        text = info.text_config
+        return choose_compute_dtype(
+            str(dtype),
+            device=device,
+            weights=weights,
+            hidden_size=int(text["hidden_size"]),
+            intermediate_size=int(text.get("intermediate_size", text["hidden_size"])),
+        )
+    resolved = resolve_dtype(device, dtype)
+    default = "the device's default" if dtype is None else "asked for"
+    return ComputeChoice(resolved, default)
 
 
 def _apply_weight_mode(model: Any, plan: WeightPlan) -> None:
@@ -206,6 +224,7 @@ class Backbone:
         info: CheckpointInfo | None = None,
         compute_dtype: torch.dtype | None = None,
         weight_mode: str | None = None,
+        dtype_reason: str = "",
     ) -> None:
         """Wrap an already loaded ``Qwen3_5TextModel`` (use `Backbone.load` to build one from a release)."""
         self._model = model.eval()
@@ -214,6 +233,8 @@ class Backbone:
         self._pad_id = ENDOFTEXT_ID
         self._compute_dtype = compute_dtype or model.embed_tokens.weight.dtype
         self.weight_mode = weight_mode or str(self._compute_dtype).removeprefix("torch.")
+        #: Why the compute dtype is what it is (``--dtype fp32``, ``auto: avx512_bf16, bf16 GEMM 3.4x ...``).
+        self.dtype_reason = dtype_reason
         #: `extend`'s default cap on rows x tokens per model call (None: every batch in as few calls as its
         #: cuts allow).
         self.max_call_tokens: int | None = DEFAULT_MAX_CALL_TOKENS
@@ -239,14 +260,18 @@ class Backbone:
     ) -> Backbone:
         """Load the text backbone of the release directory ``path``.
 
-        ``device``: "auto" (cuda if available, else cpu), "cpu" or "cuda[:N]". ``dtype``: default fp32 on CPU,
-        bf16 on CUDA. ``info``: a `CheckpointInfo` from `verify_checkpoint` (verified here when omitted).
+        ``device``: "auto" (cuda if available, else cpu), "cpu" or "cuda[:N]". ``dtype``: the compute dtype,
+        a torch dtype or its name (``"fp32"``, ``"bf16"``, ...), ``"auto"`` (`choose_compute_dtype`: bf16 on
+        CUDA and on CPUs with native bf16 that measure it faster at this model's width, else fp32) or None
+        (fp32 on CPU, bf16 on CUDA). ``info``: a `CheckpointInfo` from `verify_checkpoint` (verified here
+        when omitted).
         ``check_memory``: estimate the memory need from the shard headers first and refuse cleanly when it
         does not fit (`clef_runtime.model.memory.InsufficientMemoryError`) instead of being killed halfway.
         ``threads``: torch's intra-op thread count (default: what `configure_cpu_threads` set earlier in the
         process, else one per core the process may use).
-        ``weights`` (CPU, fp32 compute only): ``"fp32"``, ``"bf16-storage"`` (linear weights kept in bf16,
-        each matmul computed in fp32: half the memory) or ``"auto"`` (fp32 when it fits in the available
+        ``weights`` (CPU, fp32 compute only; with ``dtype="auto"`` a mode other than ``auto`` means fp32):
+        ``"fp32"``, ``"bf16-storage"`` (linear weights kept in bf16, each matmul computed in fp32: half the
+        memory) or ``"auto"`` (fp32 when it fits in the available
         memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the
         decoder Linears of the ``int8_layers`` selection in int8: `clef_runtime.model.quantize`; refused with
         `OptionsError` off CPU). ``cpu_kernels``: use clef-runtime's vectorised Gated
@@ -258,9 +283,11 @@ class Backbone:
         tensor is missing, unexpected or misshapen; InsufficientMemoryError; ValueError for a bad device or
         dtype.
         """
-        resolved_device, resolved_dtype = _device_and_dtype(device, dtype, threads, fused_kernels)
+        resolved_device = _prepare_device(device, threads, fused_kernels)
         if info is None:
             info = verify_checkpoint(path)
+        choice = _compute_choice(dtype, resolved_device, weights, info)
+        resolved_dtype = choice.dtype
         # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
         # int8 weights are quantised as they are read (no full-precision copy of their layers).
         plan = plan_weights(
@@ -286,17 +313,25 @@ class Backbone:
         _apply_weight_mode(model, plan)
         kernels = install_cpu_kernels(model) if cpu_kernels and resolved_device.type == "cpu" else 0
         logger.info(
-            "loaded backbone from %s: %d layers, hidden %d, %s compute (weights %s) on %s, %d layers with "
-            "CPU kernels",
+            "loaded backbone from %s: %d layers, hidden %d, %s compute (%s; weights %s) on %s, %d layers "
+            "with CPU kernels",
             info.path,
             text_config.num_hidden_layers,
             text_config.hidden_size,
-            resolved_dtype,
+            choice.name,
+            choice.reason,
             plan.label,
             resolved_device,
             kernels,
         )
-        return cls(model, path=info.path, info=info, compute_dtype=resolved_dtype, weight_mode=plan.label)
+        return cls(
+            model,
+            path=info.path,
+            info=info,
+            compute_dtype=resolved_dtype,
+            weight_mode=plan.label,
+            dtype_reason=choice.reason,
+        )
 
     # --------------------------------------------------------------- properties
 
@@ -324,6 +359,11 @@ class Backbone:
     def dtype(self) -> torch.dtype:
         """Compute dtype of the activations (with bf16 storage the weights are bf16, the compute fp32)."""
         return self._compute_dtype
+
+    @property
+    def dtype_name(self) -> str:
+        """The compute dtype's short name: ``fp32``, ``bf16`` or ``fp16``."""
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._compute_dtype]
 
     @property
     def num_parameters(self) -> int:

@@ -183,6 +183,7 @@ def causal_conv1d(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """Depthwise causal conv1d, a drop-in for transformers' ``causal_conv1d_fn`` (torch path).
@@ -198,11 +199,13 @@ def causal_conv1d(
         bias: optional [channels].
         activation: ``None``, ``"silu"`` or ``"swish"`` (applied in place), or another
             transformers activation name.
+        out_dtype: the result's dtype (default ``hidden_states.dtype``).
         **kwargs: accepted for signature compatibility; ``seq_idx`` (packed sequences) is refused.
 
     Returns:
-        [batch, channels, time] in ``hidden_states.dtype`` (a transposed view of a
-        [batch, time, channels] tensor), computed in ``weight.dtype``.
+        [batch, channels, time] in ``out_dtype`` (a transposed view of a [batch, time, channels]
+        tensor), computed in fp32 (bf16 elementwise arithmetic is slower on CPUs than fp32: each
+        operation converts both ways).
 
     Raises:
         ValueError: if packed-sequence arguments are given.
@@ -210,10 +213,11 @@ def causal_conv1d(
     _refuse_packed_sequences(kwargs)
     seq_len = hidden_states.shape[-1]
     kernel_size = weight.shape[-1]
-    time_major = hidden_states.transpose(1, 2).to(weight.dtype)
-    if not time_major.is_contiguous():
-        # Chunked prefill hands in torch.cat([conv_state, new], -1), which is channel-major.
-        time_major = time_major.contiguous()
+    weight = weight.float()
+    bias = None if bias is None else bias.float()
+    # One copy at most: chunked prefill hands in torch.cat([conv_state, new], -1), which is channel-major,
+    # and a bf16 model's projection needs its fp32 upcast.
+    time_major = hidden_states.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
     out = time_major * weight[:, kernel_size - 1]
     for tap in range(kernel_size - 1):
         shift = kernel_size - 1 - tap
@@ -225,7 +229,7 @@ def causal_conv1d(
         F.silu(out, inplace=True)
     elif activation is not None:
         out = _qwen3_5.ACT2FN[activation](out)
-    return out.transpose(1, 2).to(hidden_states.dtype)
+    return out.transpose(1, 2).to(out_dtype or hidden_states.dtype)
 
 
 def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
@@ -534,8 +538,14 @@ def _gated_delta_net_forward(
             mixed_qkv = cache.update_conv_state(
                 mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size
             )
+        # fp32 out: the delta rule computes in fp32 whatever the model's dtype (bf16 states would drift).
         mixed_qkv = causal_conv1d(
-            mixed_qkv, conv_weight, self.conv1d.bias, activation=self.activation, **packed
+            mixed_qkv,
+            conv_weight,
+            self.conv1d.bias,
+            activation=self.activation,
+            out_dtype=torch.float32,
+            **packed,
         )
         if cache is not None:
             mixed_qkv = mixed_qkv[:, :, -seq_len:]
@@ -572,14 +582,13 @@ def _gated_delta_net_forward(
     core_out = core_out.reshape(-1, self.head_v_dim)
     z = z.reshape(-1, self.head_v_dim)
     norm = self.norm
-    if core_out.dtype == z.dtype == norm.weight.dtype == torch.float32 and type(norm).forward is (
-        _qwen3_5.Qwen3_5RMSNormGated.forward
-    ):
-        # z is this forward's own projection output, so gated_rms_norm may overwrite it.
-        core_out = gated_rms_norm(core_out, z, norm.weight, norm.variance_epsilon)
+    if core_out.dtype == torch.float32 and type(norm).forward is _qwen3_5.Qwen3_5RMSNormGated.forward:
+        # The norm in fp32 (bf16 models too: their delta rule output is fp32 already). z is this forward's
+        # own projection output (or its fp32 copy), so gated_rms_norm may overwrite it.
+        core_out = gated_rms_norm(core_out, z.float(), norm.weight.float(), norm.variance_epsilon)
     else:
         core_out = norm(core_out, z)
-    return self.out_proj(core_out.reshape(batch, seq_len, -1))
+    return self.out_proj(core_out.reshape(batch, seq_len, -1).to(hidden_states.dtype))
 
 
 def _gated_delta_net_layers(model: nn.Module) -> list[nn.Module]:

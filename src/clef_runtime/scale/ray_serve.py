@@ -130,6 +130,7 @@ class IngressEngine:
         self.options: EngineOptions = info["options"]
         self.device: str = info["device"]
         self.weight_mode: str = info["weight_mode"]
+        self.compute_dtype: str = info["compute_dtype"]
         self.step_tokens: int = info["step_tokens"]
         reports.add(info["report"])
 
@@ -310,6 +311,7 @@ class ClefModel:
             "options": engine.options,
             "device": engine.device,
             "weight_mode": engine.weight_mode,
+            "compute_dtype": engine.compute_dtype,
             "step_tokens": engine.step_tokens,
             "report": self.report(),
         }

@@ -130,6 +130,7 @@ async def metrics(request: Request) -> Response:
                         "created": 1764547200,
                         "owned_by": "cloudflare",
                         "max_input_tokens": 16384,
+                        "compute_dtype": "bf16",
                     }
                 ],
             },
@@ -160,5 +161,7 @@ async def models(request: Request) -> JSONResponse:
         "max_input_tokens": runtime.settings.input_token_limit,
         "x_calibration": dict(calibration) if calibration is not None else None,
         "confidence": confidence,
+        # The backbone's compute dtype (--dtype): bf16 answers drift slightly from the fp32 reference.
+        "compute_dtype": engine.compute_dtype,
     }
     return JSONResponse({"object": "list", "models": [card], "data": [openai_entry]})

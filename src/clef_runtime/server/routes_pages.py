@@ -181,6 +181,7 @@ async def status_json(request: Request) -> JSONResponse:
             "untrained": None if engine is None else engine.untrained,
             "device": None if engine is None else engine.device,
             "weights": None if engine is None else engine.weight_mode,
+            "compute_dtype": None if engine is None else engine.compute_dtype,
             "max_input_tokens": runtime.settings.input_token_limit if engine is not None else None,
             "queue_depth": runtime.queue_depth(),
             "requests": runtime.metrics.recent.summary(),

@@ -14,6 +14,7 @@ from clef_runtime.options import ENGINE_OPTIONS, EngineOptions
 # A value other than the default for every engine option (a new option must get one here).
 NON_DEFAULT: dict[str, Any] = {
     "device": "cpu",
+    "dtype": "fp32",
     "weights": "int8",
     "int8_layers": "all",
     "prefill_chunk": 64,

@@ -27,6 +27,7 @@
     set("s-untrained", status.untrained === null ? null : status.untrained ? "no (random weights)" : "yes");
     set("s-device", status.device);
     set("s-weights", status.weights);
+    set("s-dtype", status.compute_dtype);
     set("s-limit", status.max_input_tokens === null ? null : status.max_input_tokens + " tokens");
     set("s-auth", status.auth ? "required" : "off");
     set("s-version", status.version);
