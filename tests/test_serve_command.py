@@ -46,6 +46,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "cache_mb": (["--cache-mb", "0"], "0", 0.0),
     "image_mode": (["--image-mode", "g448"], "g448", "g448"),
     "image_max_tokens": (["--image-max-tokens", "256"], "256", 256),
+    "dtype": (["--dtype", "bf16"], "bf16", "bf16"),
     "weights": (["--weights", "bf16-storage"], "bf16-storage", "bf16-storage"),
     "int8_layers": (["--int8-layers", "1,2"], "1,2", "1,2"),
     "fused_kernels": (["--no-fused-kernels"], "0", False),
