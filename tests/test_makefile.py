@@ -37,10 +37,19 @@ def _installs(lines: list[str]) -> list[str]:
 
 
 def _pinned_torch() -> str:
+    """The Makefile's TORCH_VERSION, checked to lie in pyproject.toml's torch range."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    pin = re.search(r"^TORCH_VERSION := (\S+)$", makefile, re.MULTILINE)
+    assert pin is not None, "the Makefile does not pin torch"
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    match = re.search(r'"torch==([^"]+)"', pyproject)
-    assert match is not None, "pyproject.toml does not pin torch"
-    return match.group(1)
+    bounds = re.search(r'"torch>=([0-9.]+),<([0-9.]+)"', pyproject)
+    assert bounds is not None, "pyproject.toml has no torch range"
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    assert version(bounds.group(1)) <= version(pin.group(1)) < version(bounds.group(2)), (pin, bounds)
+    return pin.group(1)
 
 
 def test_the_install_steps_are_announced_and_not_silenced() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,24 @@ def test_cpu_kernels_in_bf16_match_transformers_in_bf16(tiny_dir: Path, tiny_bac
     # transformers' bf16 path is, and both are bf16-close to each other.
     assert relative(ours, exact) <= max(relative(reference, exact), 0.01)
     assert relative(ours, reference) <= 0.05
+
+
+def test_bf16_rows_stay_in_the_compute_dtype_until_the_api_boundary(bf16_clef: Clef) -> None:
+    from clef_runtime.model.backbone import Continuation
+
+    # extend's rows are what the model made (no host fp32 copy per step: on a GPU that is a round trip)...
+    (result,) = bf16_clef.backbone.extend(None, [Continuation(list(range(200, 260)))])
+    assert result.hidden.dtype == torch.bfloat16 and result.hidden.device == bf16_clef.backbone.device
+    # ...and the public hidden_rows are fp32 on the CPU, as documented.
+    (rows,) = bf16_clef.hidden_rows([bf16_clef.prepare(BODY)])
+    assert rows.dtype == torch.float32 and rows.device.type == "cpu"
+
+
+def test_the_call_cap_is_a_cpu_setting(tiny_backbone: Backbone) -> None:
+    from clef_runtime.model.prefill import DEFAULT_MAX_CALL_TOKENS
+
+    assert tiny_backbone.max_call_tokens == DEFAULT_MAX_CALL_TOKENS
+    # On any other device one step is one call: its step budget already bounds it.
+    with torch.device("meta"):
+        elsewhere = Backbone(copy.deepcopy(tiny_backbone.model).to("meta"), path=tiny_backbone.path)
+    assert elsewhere.device.type == "meta" and elsewhere.max_call_tokens is None

@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from clef_runtime.model.fused import (
     FUSED_FUNCTIONS,
     fused_kernels_status,
     quiet_fallback_advice,
+    reset_fused_call_counts,
     set_fused_kernels,
 )
 from tests.serving import REPO
@@ -25,22 +27,44 @@ from tests.serving import REPO
 def test_switch_swaps_to_the_reference_functions_and_back() -> None:
     from transformers.models.qwen3_5 import modeling_qwen3_5 as module
 
-    before = {name: getattr(module, name) for name in FUSED_FUNCTIONS}
     try:
         set_fused_kernels(False)
+        originals = dict(fused._ORIGINALS)  # what transformers picked at import (fused where installed)
         for name in FUSED_FUNCTIONS:
             current = getattr(module, name)
-            assert current is inspect.unwrap(before[name])
-            assert not hasattr(current, "__wrapped__")  # the reference function itself, no dispatcher
+            # A counting name around the reference function itself, no dispatcher.
+            assert current.__wrapped__ is inspect.unwrap(originals[name])
         assert not any(fused_kernels_status()["active"].values())
         set_fused_kernels(False)  # twice is harmless
         set_fused_kernels(True)
-        assert {name: getattr(module, name) for name in FUSED_FUNCTIONS} == before
+        assert {name: getattr(module, name).__wrapped__ for name in FUSED_FUNCTIONS} == originals
     finally:
         set_fused_kernels(True)
     status = fused_kernels_status()
     assert set(status["packages"]) == {"flash-linear-attention", "causal-conv1d"}
-    assert set(status["active"]) == set(FUSED_FUNCTIONS)
+    assert set(status["active"]) == set(FUSED_FUNCTIONS) == set(status["calls"])
+
+
+def test_calls_are_counted_fused_and_reference_apart(tiny_dir: Path) -> None:
+    """The status says which implementation ran from the calls made, not from what is installed: here (no
+    fused package on a CPU machine) transformers' reference DeltaNet ran, and nothing fused did."""
+    from clef_runtime.model.backbone import Backbone
+
+    backbone = Backbone.load(tiny_dir, device="cpu", cpu_kernels=False)  # transformers' own forward
+    try:
+        set_fused_kernels(True)
+        reset_fused_call_counts()
+        backbone.hidden_states(list(range(100, 180)))
+        calls = fused_kernels_status()["calls"]
+        assert calls["torch_chunk_gated_delta_rule"]["reference"] > 0
+        assert calls["causal_conv1d_fn"]["reference"] > 0  # a prefill, not a one-token update
+        assert sum(counts["fused"] for counts in calls.values()) == 0
+        reset_fused_call_counts()
+        assert all(
+            counts == {"fused": 0, "reference": 0} for counts in fused_kernels_status()["calls"].values()
+        )
+    finally:
+        set_fused_kernels(True)
 
 
 # What transformers' reference DeltaNet functions log the first time they run without the fused packages.

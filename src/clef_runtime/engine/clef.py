@@ -250,7 +250,10 @@ class Clef:
             tokenizer=ClefTokenizer.load(resolved.path),
             backbone=backbone,
             head=JointSchemaHead.from_files(resolved.path, device=backbone.device),
-            lexical=LexicalTable.from_safetensors(resolved.path),
+            # On an accelerator the table lives there too: a request's option rows are gathered on the device.
+            lexical=LexicalTable.from_safetensors(
+                resolved.path, device=None if backbone.device.type == "cpu" else backbone.device
+            ),
             vision_tower=VisionTower(resolved.path, device=backbone.device, dtype=backbone.dtype),
         )
         clef = cls(loaded, opts, calibration=calibration)
@@ -421,7 +424,7 @@ class Clef:
         work = [self._as_prepared(item) for item in items]
         with self.executor.collecting_hidden() as rows:
             self.decide_encoded(work)
-        return [rows[id(w)] for w in work]
+        return [rows[id(w)].to(device="cpu", dtype=torch.float32) for w in work]
 
     def warmup(self, *, max_rows: int = DEFAULT_STEP_ROWS) -> None:
         """Run one small request so the first real request does not pay for lazy initialisation; on CUDA

@@ -236,8 +236,9 @@ class Backbone:
         #: Why the compute dtype is what it is (``--dtype fp32``, ``auto: avx512_bf16, bf16 GEMM 3.4x ...``).
         self.dtype_reason = dtype_reason
         #: `extend`'s default cap on rows x tokens per model call (None: every batch in as few calls as its
-        #: cuts allow).
-        self.max_call_tokens: int | None = DEFAULT_MAX_CALL_TOKENS
+        #: cuts allow). The cap keeps a CPU call's working set in the caches; a GPU wants the whole step in one
+        #: call (its step budget already bounds it).
+        self.max_call_tokens: int | None = DEFAULT_MAX_CALL_TOKENS if self.device.type == "cpu" else None
         #: Model calls made by `extend` since load (tests count them to see a batch being split).
         self.calls = 0
 

@@ -8,8 +8,10 @@ for the CUDA path to use them.
 
 `set_fused_kernels` (``--no-fused-kernels`` / ``CLEF_FUSED_KERNELS=0``) swaps the module's four names back to
 the reference functions underneath (or back again), for comparisons such as ``benchmarks/gpu_check.py``.
-It is process-wide: every Qwen3.5 model in the process follows the last call. On CPU clef-runtime's own
-kernels (`clef_runtime.model.kernels`) replace the DeltaNet forward and use neither.
+It is process-wide: every Qwen3.5 model in the process follows the last call. The names it sets count their
+calls, fused and reference apart (`fused_kernels_status`'s ``calls``, `reset_fused_call_counts`): whether
+the fused kernels run is read from what was called, not inferred from what is installed. On CPU
+clef-runtime's own kernels (`clef_runtime.model.kernels`) replace the DeltaNet forward and use neither.
 
 transformers warns, the first time a reference function runs, that ``causal_conv1d`` or
 ``flash-linear-attention`` should be installed for speed. Both are CUDA-only: on CPU the advice cannot be
@@ -36,6 +38,7 @@ __all__ = [
     "FUSED_PACKAGES",
     "fused_kernels_status",
     "quiet_fallback_advice",
+    "reset_fused_call_counts",
     "set_fused_kernels",
 ]
 
@@ -51,6 +54,34 @@ FUSED_PACKAGES = {"fla": "flash-linear-attention", "causal_conv1d": "causal-conv
 
 _LOCK = threading.Lock()
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
+#: Calls of each function through the names `set_fused_kernels` set: {name: {"fused": n, "reference": n}}.
+_CALLS: dict[str, dict[str, int]] = {name: {"fused": 0, "reference": 0} for name in FUSED_FUNCTIONS}
+
+
+def _is_fused(name: str, function: Callable[..., Any]) -> bool:
+    """Whether calling ``function`` (one of transformers' four names, or what `set_fused_kernels` put there)
+    runs a fused kernel. The reference function itself never does. transformers' dispatcher wraps the
+    reference even when no package is installed (and then falls back to it): it records in its closure whether
+    it found another implementation (``is_new_implementation``), which is read here; a dispatcher that does
+    not is taken to be fused when its package imports."""
+    if inspect.unwrap(function) is function:
+        return False
+    try:
+        found = inspect.getclosurevars(function).nonlocals.get("is_new_implementation")
+    except (TypeError, ValueError):
+        found = None
+    return bool(found) if found is not None else _package_for(name) is not None
+
+
+def _counting(name: str, target: Callable[..., Any], fused: bool) -> Callable[..., Any]:
+    kind = "fused" if fused else "reference"
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        _CALLS[name][kind] += 1  # from the one thread that runs the model: no lock on the hot path
+        return target(*args, **kwargs)
+
+    counted.__wrapped__ = target  # type: ignore[attr-defined]
+    return counted
 
 
 def _module() -> Any:
@@ -66,9 +97,12 @@ def _remember_originals(module: Any) -> None:
 
 
 def fused_kernels_status() -> dict[str, Any]:
-    """Which fused packages are installed and whether transformers' functions use them now.
+    """Which fused packages are installed, which implementation each of transformers' four names holds now,
+    and how often each was called since `reset_fused_call_counts` (counted only once `set_fused_kernels` has
+    run in the process: every model load off CPU calls it).
 
-    Returns ``{"packages": {distribution: installed}, "active": {function: uses a fused implementation}}``.
+    Returns ``{"packages": {distribution: installed}, "active": {function: a fused implementation is in
+    place}, "calls": {function: {"fused": n, "reference": n}}}``.
     """
     module = _module()
     with _LOCK:
@@ -76,15 +110,23 @@ def fused_kernels_status() -> dict[str, Any]:
         active = {}
         for name in FUSED_FUNCTIONS:
             current = getattr(module, name)
-            # A wrapper around a fused implementation records it in its closure; the reference function is
-            # what inspect.unwrap reaches. Installed package + the wrapper in place = fused.
-            active[name] = current is _ORIGINALS[name] and _package_for(name) is not None
+            target = getattr(current, "__wrapped__", current) if current is not _ORIGINALS[name] else current
+            active[name] = _is_fused(name, target)
+        calls = {name: dict(counts) for name, counts in _CALLS.items()}
     return {
         "packages": {
             dist: importlib.util.find_spec(name) is not None for name, dist in FUSED_PACKAGES.items()
         },
         "active": active,
+        "calls": calls,
     }
+
+
+def reset_fused_call_counts() -> None:
+    """Set every call count of `fused_kernels_status` back to zero."""
+    with _LOCK:
+        for counts in _CALLS.values():
+            counts.update(fused=0, reference=0)
 
 
 def _package_for(function: str) -> str | None:
@@ -93,14 +135,16 @@ def _package_for(function: str) -> str | None:
 
 
 def set_fused_kernels(enabled: bool) -> None:
-    """Use the fused kernels where installed (``enabled``) or transformers' reference PyTorch functions.
+    """Use the fused kernels where installed (``enabled``) or transformers' reference PyTorch functions,
+    through names that count their calls.
 
     Process-wide (see the module docstring); calling it twice is harmless."""
     module = _module()
     with _LOCK:
         _remember_originals(module)
         for name, original in _ORIGINALS.items():
-            setattr(module, name, original if enabled else inspect.unwrap(original))
+            target = original if enabled else inspect.unwrap(original)
+            setattr(module, name, _counting(name, target, fused=_is_fused(name, target)))
 
 
 #: Where transformers says a DeltaNet function "is falling back to its reference PyTorch implementation".

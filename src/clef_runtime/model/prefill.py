@@ -235,7 +235,9 @@ class BatchPrefill:
                 planes = self._planes[:, index, begin:cut]
                 out = backbone._forward(self._embeds(begin, cut), planes, self.offset + begin, self._cache)
                 backbone.calls += 1
-                out = out.to(device="cpu", dtype=torch.float32)
+                # The rows stay where and as the model made them (fp32 or bf16, CPU or GPU): the head
+                # reads them on the model's device and upcasts to fp32 as it gathers; a copy to the host
+                # and back would cost a GPU a round trip per step.
                 for slot, number in enumerate(self._alive):
                     if begin < self.lengths[number]:
                         self._hidden[number].append(out[slot, : self.lengths[number] - begin])

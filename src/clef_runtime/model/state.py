@@ -122,7 +122,7 @@ def _nbytes(tensors: Sequence[Tensor]) -> int:
 class StateSegment:
     """The part of a state that grows with its tokens, for a run of ``length`` consecutive tokens: each
     attention layer's K/V of those positions (None for DeltaNet layers) and their final-norm hidden rows
-    (fp32 CPU [length, hidden]). A prefix tree node owns one; a state is restored by concatenating the
+    ([length, hidden] on the model's device, in its compute dtype). A prefix tree node owns one; a state is restored by concatenating the
     segments along its path (`BackboneState.assemble`)."""
 
     kv: tuple[_AttentionSnapshot | None, ...] = field(repr=False)
@@ -179,7 +179,8 @@ class StatePoint:
 class BackboneState:
     """The backbone after ``length`` tokens of one sequence: enough to continue it, and its hidden rows.
 
-    ``hidden``: fp32 CPU [length, hidden] final-norm rows of those positions (the head reads every row).
+    ``hidden``: [length, hidden] final-norm rows of those positions, on the model's device in its compute
+    dtype (the head reads every row).
     ``next_position``: the M-RoPE position the next text token gets (after an image block this is not
     ``length``). Never modify a state: `Backbone.extend` copies it into a fresh cache.
     """
@@ -287,7 +288,8 @@ class Continuation:
 
 @dataclass(frozen=True, eq=False)
 class ContinuationResult:
-    """What `Backbone.extend` returns per row: ``hidden`` fp32 CPU [L, hidden] rows of the row's tokens and,
+    """What `Backbone.extend` returns per row: ``hidden`` [L, hidden] rows of the row's tokens (on the model's
+    device, in its compute dtype) and,
     when asked for, ``snapshot`` (the state after ``snapshot_at`` tokens, counted from position 0),
     ``points`` (one `StatePoint` per asked point, in order) and ``segment`` (K/V and hidden rows of the
     row's tokens up to its last point)."""
