@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_LENGTH",
     "ENCODE_OPTION_FIELDS",
     "ENGINE_OPTIONS",
+    "FP32_COMPUTE_WEIGHT_MODES",
     "MODEL_OPTION",
     "EngineOptions",
     "Option",
@@ -47,6 +48,8 @@ DEFAULT_IMAGE_MAX_TOKENS = 1024
 
 WEIGHT_MODES = ("auto", "fp32", "bf16-storage", "int8")
 COMPUTE_DTYPES = ("auto", "fp32", "bf16")
+#: The weight modes that are storage under fp32 compute (not with --dtype bf16; under auto they mean fp32).
+FP32_COMPUTE_WEIGHT_MODES = ("fp32", "bf16-storage", "int8")
 IMAGE_MODES = ("native", "g256", "g448")
 CONFIDENCE_MODES = ("seed", "typesafe", "workers-ai")
 
@@ -258,7 +261,7 @@ class EngineOptions:
             problems.append(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in COMPUTE_DTYPES:
             problems.append(f"--dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.dtype!r}")
-        elif self.dtype == "bf16" and self.weights in ("fp32", "bf16-storage", "int8"):
+        elif self.dtype == "bf16" and self.weights in FP32_COMPUTE_WEIGHT_MODES:
             problems.append(
                 f"--weights {self.weights} is a storage mode for fp32 compute: not with --dtype bf16"
             )

@@ -392,3 +392,18 @@ def test_model_compute_does_not_leak_flush_to_zero_into_request_handling(clef: C
     assert request["state"]["tiny"] != 0.0
     ids = clef.encode(request).input_ids
     assert clef.tokenizer.decode(ids).count("1e-310") == 1
+
+
+def test_release_dates_follow_the_release(tiny: Clef) -> None:
+    """Clef-flash's date is published; the 27B's is not, so /v1/models says unknown rather than the 9B's."""
+    import dataclasses
+
+    from clef_runtime.options import EngineOptions
+
+    def as_release(name: str) -> Clef:
+        resolved = dataclasses.replace(tiny.model.resolved, name=name, is_tiny=False)
+        return Clef(dataclasses.replace(tiny.model, resolved=resolved), EngineOptions(cache_mb=0))
+
+    assert as_release("Cloudflare/clef-flash").release_date == "2026-10-01"
+    assert as_release("Cloudflare/clef").release_date is None
+    assert tiny.release_date == "2026-11-29"

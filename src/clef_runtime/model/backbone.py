@@ -37,7 +37,7 @@ from torch import Tensor
 from clef_runtime.encoding.special_tokens import ENDOFTEXT_ID
 from clef_runtime.model import memory
 from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
-from clef_runtime.model.compute_dtype import ComputeChoice, choose_compute_dtype
+from clef_runtime.model.compute_dtype import ComputeChoice, choose_compute_dtype, dtype_name
 from clef_runtime.model.device import resolve_device, resolve_dtype
 from clef_runtime.model.fused import quiet_fallback_advice
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
@@ -236,8 +236,8 @@ class Backbone:
         #: Why the compute dtype is what it is (``--dtype fp32``, ``auto: avx512_bf16, bf16 GEMM 3.4x ...``).
         self.dtype_reason = dtype_reason
         #: `extend`'s default cap on rows x tokens per model call (None: every batch in as few calls as its
-        #: cuts allow). The cap keeps a CPU call's working set in the caches; a GPU wants the whole step in one
-        #: call (its step budget already bounds it).
+        #: cuts allow). The cap keeps a CPU call's working set in the caches; a GPU wants the whole step in
+        #: one call (its step budget already bounds it).
         self.max_call_tokens: int | None = DEFAULT_MAX_CALL_TOKENS if self.device.type == "cpu" else None
         #: Model calls made by `extend` since load (tests count them to see a batch being split).
         self.calls = 0
@@ -364,7 +364,7 @@ class Backbone:
     @property
     def dtype_name(self) -> str:
         """The compute dtype's short name: ``fp32``, ``bf16`` or ``fp16``."""
-        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._compute_dtype]
+        return dtype_name(self._compute_dtype)
 
     @property
     def num_parameters(self) -> int:

@@ -19,7 +19,6 @@ once per shape per process.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import threading
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clef_runtime.options import COMPUTE_DTYPES, OptionsError
+from clef_runtime.options import COMPUTE_DTYPES, FP32_COMPUTE_WEIGHT_MODES, OptionsError
 
 __all__ = [
     "BF16_CPU_FLAGS",
@@ -38,10 +37,9 @@ __all__ = [
     "ComputeChoice",
     "bf16_cpu_flags",
     "choose_compute_dtype",
+    "dtype_name",
     "measure_bf16_speedup",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: The /proc/cpuinfo flags of native bf16 dot products.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -64,7 +62,6 @@ _PROBE_BATCH_S = 0.01
 #: elementwise work and per-op overhead, which bf16 does not speed up (the built-in tiny model, hidden 64).
 MIN_BF16_HIDDEN = 256
 
-_FP32_WEIGHT_MODES = ("fp32", "bf16-storage", "int8")
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 _measured: dict[tuple[int, int, int], float] = {}
@@ -81,7 +78,12 @@ class ComputeChoice:
     @property
     def name(self) -> str:
         """``fp32``, ``bf16`` (or ``fp16``)."""
-        return _NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
+        return dtype_name(self.dtype)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name options, logs and ``/v1/models`` use: ``fp32``, ``bf16``, ``fp16`` (else torch's)."""
+    return _NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def bf16_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
@@ -155,7 +157,7 @@ def choose_compute_dtype(
         raise OptionsError(f"--dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {requested!r}")
     if requested == "fp32":
         return ComputeChoice(torch.float32, "--dtype fp32")
-    if weights in _FP32_WEIGHT_MODES:
+    if weights in FP32_COMPUTE_WEIGHT_MODES:
         if requested == "bf16":
             raise OptionsError(
                 f"--weights {weights} is a storage mode for fp32 compute; with --dtype bf16 use "

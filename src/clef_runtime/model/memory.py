@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from clef_runtime.model.checkpoint import CheckpointInfo
+from clef_runtime.model.compute_dtype import dtype_name
 from clef_runtime.model.device import resolve_device
 from clef_runtime.release import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 
@@ -108,14 +109,10 @@ class MemoryEstimate:
             f"working memory {self.overhead_bytes / _GB:.1f}",
         ]
         return (
-            f"~{self.total_bytes / _GB:.1f} GB in {_dtype_name(self.dtype)} on {self.device.type} ("
+            f"~{self.total_bytes / _GB:.1f} GB in {dtype_name(self.dtype)} on {self.device.type} ("
             + ", ".join(parts)
             + ")"
         )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def estimate_model_memory(
@@ -215,7 +212,7 @@ def check_fits(estimate: MemoryEstimate, available: int | None = None) -> None:
         available = available_memory(estimate.device)
     if estimate.total_bytes <= available:
         return
-    needed = f"~{estimate.total_bytes / _GB:.1f} GB in {_dtype_name(estimate.dtype)}"
+    needed = f"~{estimate.total_bytes / _GB:.1f} GB in {dtype_name(estimate.dtype)}"
     least = estimate.least_total_bytes
     if estimate.device.type == "cpu" and least is not None and least > available:
         advice = (

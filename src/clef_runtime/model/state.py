@@ -122,8 +122,8 @@ def _nbytes(tensors: Sequence[Tensor]) -> int:
 class StateSegment:
     """The part of a state that grows with its tokens, for a run of ``length`` consecutive tokens: each
     attention layer's K/V of those positions (None for DeltaNet layers) and their final-norm hidden rows
-    ([length, hidden] on the model's device, in its compute dtype). A prefix tree node owns one; a state is restored by concatenating the
-    segments along its path (`BackboneState.assemble`)."""
+    ([length, hidden] on the model's device, in its compute dtype). A prefix tree node owns one; a state is
+    restored by concatenating the segments along its path (`BackboneState.assemble`)."""
 
     kv: tuple[_AttentionSnapshot | None, ...] = field(repr=False)
     hidden: Tensor = field(repr=False)
