@@ -16,6 +16,7 @@ from clef_runtime.engine.loop import (
     EngineLoop,
     Estimate,
     QueueFullError,
+    QueueTimeoutError,
     SchedulerClosedError,
     StepStats,
 )
@@ -341,3 +342,70 @@ def test_the_thread_start_hook_runs_on_the_worker_before_the_first_step(
     assert failing.submit(Item("b", 1)).result(5).model == "B"
     failing.close()
     assert "engine thread start hook failed" in caplog.text
+
+
+def test_a_request_that_waits_past_the_queue_timeout_fails_while_a_step_runs_and_is_never_computed() -> None:
+    runner = FakeRunner(held=True)
+    timeouts: list[QueueTimeoutError] = []
+    loop = start(runner, queue_timeout_s=0.05, on_timeout=timeouts.append)
+    blocker = occupy(loop, runner)  # the worker is inside a step, held there
+    late = loop.submit(Item("late", 10))
+    with pytest.raises(QueueTimeoutError) as info:
+        late.result(5)  # failed by the timer thread: the worker is still held in the blocker's step
+    assert not blocker.done()
+    assert info.value.waited_s >= 0.05 and info.value.timeout_s == 0.05 and info.value.retry_after_s > 0
+    assert timeouts == [info.value]
+    assert loop.queue_depth == 0  # its queue slot is free at once
+    drain(runner, [blocker])
+    after = loop.submit(Item("after", 10))
+    drain(runner, [after])
+    admitted = [names for kind, names, *_ in runner.log if kind == "admit"]
+    assert admitted == [("blocker",), ("after",)]  # "late" never reached the engine
+    loop.close()
+
+
+def test_every_admitted_request_waited_less_than_the_queue_timeout() -> None:
+    runner = FakeRunner(held=True)
+    loop = start(runner, budget=64, queue_timeout_s=0.2)
+    blocker = occupy(loop, runner)
+    queued = [loop.submit(Item(f"q{i}", 64)) for i in range(6)]
+    deadline = time.monotonic() + 10
+    while not all(f.done() for f in [blocker, *queued]):  # one 64-token request per step, each step slow
+        assert time.monotonic() < deadline
+        runner.step()
+        time.sleep(0.3)
+    answered = [f for f in queued if f.exception() is None]
+    expired = [f for f in queued if isinstance(f.exception(), QueueTimeoutError)]
+    assert len(answered) + len(expired) == len(queued)
+    assert answered and expired  # the slow steps let some start in time and not the others
+    assert all(f.result().timings.queue_s < 0.2 for f in answered)
+    loop.close()
+
+
+def test_background_requests_have_no_queue_timeout() -> None:
+    runner = FakeRunner(held=True)
+    loop = start(runner, queue_timeout_s=0.02)
+    blocker = occupy(loop, runner)
+    job_line = loop.submit(Item("line", 10), background=True)
+    time.sleep(0.1)
+    assert not job_line.done()
+    drain(runner, [blocker, job_line])
+    assert job_line.result(0).model == "LINE"
+    loop.close()
+
+
+def test_a_queue_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+        EngineLoop(FakeRunner(), StepSettings(max_step_tokens=64), queue_timeout_s=0)
+
+
+def test_the_wait_before_submission_counts_against_the_queue_timeout() -> None:
+    runner = FakeRunner(held=True)
+    loop = start(runner, queue_timeout_s=10.0)
+    blocker = occupy(loop, runner)
+    late = loop.submit(Item("late", 10), waited_s=9.99)  # arrived at the server almost 10 s ago
+    with pytest.raises(QueueTimeoutError) as info:
+        late.result(5)
+    assert info.value.waited_s >= 10.0
+    drain(runner, [blocker])
+    loop.close()

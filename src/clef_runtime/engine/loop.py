@@ -16,6 +16,10 @@ torch's intra-op threads; two steps at once would only make both slower and doub
 * Lanes: ``background=True`` requests (batch-job lines) wait in their own lane with its own bound and run
   only when no interactive work is waiting or running (the policy's rule); closing fails them (their owner
   keeps them durably and resumes them after a restart) while interactive requests are drained.
+* Queue timeout: with ``queue_timeout_s`` an interactive request that has waited that long without
+  starting fails with `QueueTimeoutError` at that moment (a timer thread watches the deadlines while the
+  worker computes a step) and is never computed afterwards; a request admitted into a step has always
+  waited less. Background requests have no deadline: they wait in their own lane by design.
 * Timing: every decision carries its queue time, compute time and the number of steps it took part in.
 
 `EngineLoop.run_until_idle` runs the same steps on the calling thread without a worker: the synchronous
@@ -40,6 +44,7 @@ __all__ = [
     "EngineLoop",
     "Estimate",
     "QueueFullError",
+    "QueueTimeoutError",
     "RunningBatch",
     "SchedulerClosedError",
     "StepRunner",
@@ -59,6 +64,20 @@ class QueueFullError(RuntimeError):
     def __init__(self, queued: int, retry_after_s: float) -> None:
         super().__init__(f"the request queue is full ({queued} waiting)")
         self.queued = queued
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeoutError(RuntimeError):
+    """A request waited ``waited_s`` seconds without starting, over the loop's queue timeout; it was never
+    computed (HTTP 503). ``retry_after_s`` is the loop's estimate of how long the work queued then takes."""
+
+    def __init__(self, waited_s: float, timeout_s: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"the request waited {waited_s * 1000:.0f} ms without starting (queue timeout "
+            f"{timeout_s * 1000:.0f} ms)"
+        )
+        self.waited_s = waited_s
+        self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
 
 
@@ -130,6 +149,8 @@ class _Entry:
     background: bool
     submitted: float
     work_at_arrival: int
+    deadline: float | None = None
+    """When it times out if it has not started (monotonic seconds; None: never)."""
     future: Future[Decision] = field(default_factory=Future)
     estimate: Estimate | None = None
     alone: bool = False
@@ -155,6 +176,8 @@ class EngineLoop:
 
     ``on_step(stats)`` observes every step; ``on_thread_start()`` runs first on the worker thread (e.g. the
     engine's ``prepare_compute_thread``; an exception there is logged and the worker goes on).
+    ``queue_timeout_s`` bounds how long an interactive request may wait without starting (None: no bound);
+    ``on_timeout(error)`` observes every request it fails.
     """
 
     def __init__(
@@ -166,16 +189,22 @@ class EngineLoop:
         max_background: int = 1024,
         on_step: Callable[[StepStats], None] | None = None,
         on_thread_start: Callable[[], None] | None = None,
+        queue_timeout_s: float | None = None,
+        on_timeout: Callable[[QueueTimeoutError], None] | None = None,
         name: str = "clef-engine",
     ) -> None:
         if max_queue < 1 or max_background < 1:
             raise ValueError("max_queue and max_background must be at least 1")
+        if queue_timeout_s is not None and queue_timeout_s <= 0:
+            raise ValueError("queue_timeout_s must be positive (or None)")
         self.runner = runner
         self.settings = settings
         self.max_queue = max_queue
         self.max_background = max_background
         self._on_step = on_step
         self._on_thread_start = on_thread_start
+        self.queue_timeout_s = queue_timeout_s
+        self._on_timeout = on_timeout
         self._name = name
         self._cond = threading.Condition()
         self._seq = itertools.count()
@@ -187,6 +216,7 @@ class EngineLoop:
         self._closing = False
         self._drain = True
         self._thread: threading.Thread | None = None
+        self._timer: threading.Thread | None = None
         self._seconds_per_token = 0.0
 
     # ------------------------------------------------------------------------------------------ public
@@ -200,12 +230,21 @@ class EngineLoop:
                 return
             self._thread = threading.Thread(target=self._worker, name=self._name, daemon=True)
             self._thread.start()
+            if self.queue_timeout_s is not None:
+                self._timer = threading.Thread(
+                    target=self._expire_on_time, name=f"{self._name}-timeout", daemon=True
+                )
+                self._timer.start()
 
-    def submit(self, item: Any, tokens: int | None = None, *, background: bool = False) -> Future[Decision]:
+    def submit(
+        self, item: Any, tokens: int | None = None, *, background: bool = False, waited_s: float = 0.0
+    ) -> Future[Decision]:
         """Queue one prepared request; returns the future of its `Decision` (cancel it to drop the request,
         waiting or running). ``tokens`` is accepted for callers that know it and otherwise unused: the
-        runner estimates the work itself. Raises `QueueFullError` when ``max_queue`` interactive (or
-        ``max_background`` background) requests are waiting, `SchedulerClosedError` after `close`."""
+        runner estimates the work itself. ``waited_s``: how long the request already waited before it came
+        here (reading, validation, another queue); it counts against the queue timeout. Raises
+        `QueueFullError` when ``max_queue`` interactive (or ``max_background`` background) requests are
+        waiting, `SchedulerClosedError` after `close`."""
         with self._cond:
             if self._closing:
                 raise SchedulerClosedError("the server is shutting down")
@@ -214,7 +253,10 @@ class EngineLoop:
             bound = self.max_background if background else self.max_queue
             if waiting >= bound:
                 raise QueueFullError(waiting, self._estimate_wait_locked())
-            entry = _Entry(item, next(self._seq), background, time.monotonic(), self._work_done)
+            now = time.monotonic()
+            timeout = None if background else self.queue_timeout_s
+            deadline = None if timeout is None else now + timeout - max(0.0, waited_s)
+            entry = _Entry(item, next(self._seq), background, now, self._work_done, deadline)
             self._inbox.append(entry)
             self._cond.notify_all()
         return entry.future
@@ -297,6 +339,55 @@ class EngineLoop:
         # At least one step: a full queue always has that much ahead of it.
         return max(queued + running, self.settings.max_step_tokens) * per_token
 
+    def _expire_locked(self, now: float) -> list[QueueTimeoutError]:
+        """Fail every waiting request whose deadline has passed (it is never computed). Returns the errors,
+        for the observer (called outside the lock)."""
+        expired = [
+            e
+            for e in (*self._inbox, *self._waiting)
+            if e.deadline is not None and e.deadline <= now and not e.future.done()
+        ]
+        if not expired:
+            return []
+        self._inbox = [e for e in self._inbox if e not in expired]
+        self._waiting = [e for e in self._waiting if e not in expired]
+        retry_after = self._estimate_wait_locked()
+        errors = []
+        for entry in expired:
+            timeout = self.queue_timeout_s or 0.0
+            waited = now - entry.deadline + timeout if entry.deadline is not None else now - entry.submitted
+            error = QueueTimeoutError(waited, timeout, retry_after)
+            _fail(entry, error)
+            errors.append(error)
+        return errors
+
+    def _observe_timeouts(self, errors: list[QueueTimeoutError]) -> None:
+        if self._on_timeout is None:
+            return
+        for error in errors:
+            try:
+                self._on_timeout(error)
+            except Exception:  # an observer bug must not stop the timer
+                logger.exception("on_timeout observer failed")
+
+    def _expire_on_time(self) -> None:
+        """The timer thread: fail requests at their deadline, also while the worker computes a step."""
+        while True:
+            with self._cond:
+                if self._closing and not self._has_work_locked():
+                    return
+                now = time.monotonic()
+                errors = self._expire_locked(now)
+                deadlines = [
+                    e.deadline
+                    for e in (*self._inbox, *self._waiting)
+                    if e.deadline is not None and not e.future.done()
+                ]
+                if not errors:
+                    # Woken by every submission and step (notify_all), else at the earliest deadline.
+                    self._cond.wait(None if not deadlines else max(0.0, min(deadlines) - now) + 1e-3)
+            self._observe_timeouts(errors)
+
     def _has_work_locked(self) -> bool:
         return bool(self._inbox or self._waiting or self._batches)
 
@@ -324,8 +415,9 @@ class EngineLoop:
                 self._fail_running(RuntimeError("internal engine loop error"))
 
     def _sweep_waiting(self) -> None:
-        self._waiting = [e for e in self._waiting if not e.future.cancelled()]
-        self._inbox = [e for e in self._inbox if not e.future.cancelled()]
+        # Done while waiting: cancelled by its client, or failed by its deadline.
+        self._waiting = [e for e in self._waiting if not e.future.done()]
+        self._inbox = [e for e in self._inbox if not e.future.done()]
 
     def _take_arrivals(self) -> None:
         """Estimate what arrived (outside the lock: the runner looks the state cache up)."""
@@ -333,6 +425,8 @@ class EngineLoop:
             arrived, self._inbox = self._inbox, []
         ready = []
         for entry in arrived:
+            if entry.future.done():  # timed out or cancelled while in transit
+                continue
             try:
                 entry.estimate = self.runner.estimate(entry.item)
             except Exception as exc:
@@ -383,23 +477,32 @@ class EngineLoop:
         self._take_arrivals()
         self._drop_cancelled_rows()
         with self._cond:
+            # The admission time is taken before the deadlines are checked, and the admitted requests leave
+            # the waiting list in the same locked section: every request admitted by this step has waited
+            # less than the queue timeout (its queue time says so) and the timer cannot fail it any more.
+            started = time.monotonic()
+            timeouts = self._expire_locked(started)
             self._sweep_waiting()
-            if not self._waiting and not self._batches:
-                return True  # nothing left (new arrivals are taken by the next step)
-            waiting, running = self._views()
-            step = compose_step(waiting, running, work_done=self._work_done, settings=self.settings)
-            if not step:
-                return False
-            by_seq = {e.seq: e for e in self._waiting}
-            admitted = {key for part in step.parts if isinstance(part, Admit) for key in part.keys}
-            self._waiting = [e for e in self._waiting if e.seq not in admitted]
-            wanted = {e.estimate.hold for e in self._waiting if e.estimate and e.estimate.hold is not None}
-            busy = {hold for view in running for hold in view.holds}
-            busy |= {by_seq[k].estimate.hold for k in admitted if by_seq[k].estimate}  # type: ignore[union-attr]
-            for entry in self._waiting:
-                if entry.estimate is not None and entry.estimate.hold in busy:
-                    entry.held = True
-        started = time.monotonic()
+            step = Step()
+            if self._waiting or self._batches:
+                waiting, running = self._views()
+                step = compose_step(waiting, running, work_done=self._work_done, settings=self.settings)
+            if step:
+                by_seq = {e.seq: e for e in self._waiting}
+                admitted = {key for part in step.parts if isinstance(part, Admit) for key in part.keys}
+                self._waiting = [e for e in self._waiting if e.seq not in admitted]
+                wanted = {
+                    e.estimate.hold for e in self._waiting if e.estimate and e.estimate.hold is not None
+                }
+                busy = {hold for view in running for hold in view.holds}
+                busy |= {by_seq[k].estimate.hold for k in admitted if by_seq[k].estimate}  # type: ignore[union-attr]
+                for entry in self._waiting:
+                    if entry.estimate is not None and entry.estimate.hold in busy:
+                        entry.held = True
+            idle = not self._waiting and not self._batches
+        self._observe_timeouts(timeouts)
+        if not step:
+            return idle  # idle: nothing left (new arrivals are taken by the next step)
         completed, failed = self._run(step, by_seq, wanted, started)
         seconds = time.monotonic() - started
         with self._cond:
@@ -548,6 +651,7 @@ class EngineLoop:
         for entry in (*self._inbox, *self._waiting):
             _fail(entry, exc)
         self._inbox, self._waiting = [], []
+        self._cond.notify_all()
 
 
 def _input_tokens(item: Any) -> int:
