@@ -109,3 +109,13 @@ def stub_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+class ManualClock:
+    """A clock the test moves by hand (``clock.now += 1``): time-based logic tested without waiting."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

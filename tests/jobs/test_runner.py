@@ -140,7 +140,7 @@ class DyingReplicas:
         self.calls = 0
         self.decide = SimpleNamespace(remote=self._remote)
 
-    def _remote(self, prepared: Any, *, state_key: str, background: bool) -> Outcome:
+    def _remote(self, prepared: Any, *, state_key: str, background: bool, waited_s: float = 0.0) -> Outcome:
         from ray.exceptions import ActorDiedError
 
         self.calls += 1

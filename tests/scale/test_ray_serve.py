@@ -1,7 +1,7 @@
 """`clef serve --ray` on a local 2-replica Ray Serve cluster of the tiny model (a real server process with a
 local Ray head on 127.0.0.1), one cluster for the whole module: state affinity, spreading, every info and
-page route, the state cache on /metrics, a clean log, a replica killed with a request in flight on it, a
-clean stop."""
+page route, the state cache on /metrics, a clean log, a replica killed with a request in flight on it (its
+replacement then serves and builds its own state cache), a clean stop."""
 
 from __future__ import annotations
 
@@ -290,6 +290,18 @@ def test_a_replica_killed_with_a_request_in_flight_loses_no_request(ray_server: 
             break
         assert time.monotonic() < deadline, (ready.text, now, reported)
         time.sleep(1)
+    # The replacement serves, and its state cache builds up again: a state it owns misses, then hits.
+    for n in range(40):
+        state = f"After the restart, case {n}: a late delivery and a missing invoice. " * 3
+        first = decide(url, state, "late")
+        replacement = first.headers["x-clef-replica"]
+        if replacement not in (victim, survivor):
+            break
+    else:
+        pytest.fail("no state went to the replacement replica")
+    second = decide(url, state, "late")
+    assert (first.headers["x-clef-state-cache"], second.headers["x-clef-state-cache"]) == ("miss", "hit")
+    assert second.headers["x-clef-replica"] == replacement
 
 
 def test_sigterm_stops_every_process_it_started(ray_server: RayServer) -> None:

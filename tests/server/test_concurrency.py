@@ -164,3 +164,27 @@ def test_every_answer_says_how_its_time_went(serve_fake: Callable[..., Served]) 
     assert int(responses[1].headers["x-queue-time"]) >= 200
     text = served.client.get("/metrics").text
     assert "clef_queue_wait_seconds_count 2.0" in text and "clef_request_steps_count 2.0" in text
+
+
+def test_a_request_past_the_queue_timeout_is_503_with_retry_after_and_never_computed(
+    serve_fake: Callable[..., Served],
+) -> None:
+    engine = GatedEngine()
+    served = serve_fake(engine, queue_timeout_ms=100)
+    holder = {"state": "holder", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}}
+    late = {"state": "late", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(served.client.post, "/v1/systemone", json=holder)
+        assert engine.first_entered.wait(10)
+        refused = post(served.client, late)  # answered while the engine is still held on "holder"
+        assert not first.done()
+        engine.gate.set()
+        assert first.result(30).status_code == 200
+    detail = assert_error_shape(refused, 503, "queue_timeout")
+    assert "--queue-timeout-ms" in detail["message"]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert post(served.client, REQUEST).status_code == 200
+    states = [state for batch in engine.batches for state in batch]
+    assert "late" not in states and "holder" in states
+    metrics = served.client.get("/metrics").text
+    assert 'clef_rejected_requests_total{reason="queue_timeout"} 1.0' in metrics

@@ -137,8 +137,19 @@ def test_sigterm_finishes_accepted_requests_then_exits_0() -> None:
         bodies = [{"state": f"request {i}", "questions": {"q": NOUL}} for i in range(8)]
         with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=url, timeout=30) as probe:
             futures = [pool.submit(httpx.post, url + "/v1/systemone", json=b, timeout=30) for b in bodies]
-            # Accepted = the server is handling all 8 (the probe's own request is the 9th in flight).
-            wait_for(lambda: _metric(probe.get("/metrics").text, "clef_inflight_requests") >= 9)
+
+            def queued_and_running() -> bool:
+                # One scrape: at this instant requests are being computed and others wait behind them (8
+                # requests, batches of 2, 0.3 s per engine call), and the server handles all 8 (the probe's
+                # own request is the 9th in flight).
+                metrics = probe.get("/metrics").text
+                return (
+                    _metric(metrics, "clef_inflight_requests") >= 9
+                    and _metric(metrics, "clef_running_requests") >= 1
+                    and _metric(metrics, "clef_queue_depth") >= 1
+                )
+
+            wait_for(queued_and_running)
             process.send_signal(signal.SIGTERM)
             responses = [f.result(30) for f in futures]
         assert [r.status_code for r in responses] == [200] * 8

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +33,7 @@ from typing import Any
 
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.decision import Decision
-from clef_runtime.engine.loop import QueueFullError, SchedulerClosedError
+from clef_runtime.engine.loop import QueueFullError, QueueTimeoutError, SchedulerClosedError
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.options import EngineOptions
@@ -57,6 +58,8 @@ MODEL_DEPLOYMENT = "ClefModel"
 _STOP_TIMEOUT_S = 20
 _REPORT = "x_replica_report"
 """The key of the replica's report in each answer (the ingress takes it out before the client sees it)."""
+_TIMEOUT = "x_queue_timeout"
+"""The key of a replica's queue-timeout outcome, in place of the decision."""
 _INGRESS_HEADROOM = 64
 """Requests beyond ``--max-queue`` the ingress takes in (probes, pages, bodies being read): the server's own
 429 decides overload, instead of Ray Serve's proxy queueing requests in front of a busy ingress."""
@@ -191,16 +194,19 @@ class ReplicaDispatcher:
     def start(self) -> None:
         """Nothing to start: the replicas are already up."""
 
-    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[Decision]:
+    def submit(
+        self, payload: Any, tokens: int, *, background: bool = False, waited_s: float = 0.0
+    ) -> Future[Decision]:
         """Queue one prepared request; returns the future of the replica's decision. ``background``
-        (batch-job lines) puts it in the replica engine's background lane."""
+        (batch-job lines) puts it in the replica engine's background lane; ``waited_s`` (and the wait for a
+        dispatch thread here) counts against the replica's queue timeout."""
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError("the server is shutting down")
             if self._in_flight >= self.max_queue:
                 raise QueueFullError(self._in_flight, 1.0)
             self._in_flight += 1
-        future = self._pool.submit(self._call, payload, background)
+        future = self._pool.submit(self._call, payload, background, time.monotonic() - waited_s)
         future.add_done_callback(lambda _: self._done())
         return future
 
@@ -208,16 +214,21 @@ class ReplicaDispatcher:
         with self._lock:
             self._in_flight -= 1
 
-    def _call(self, prepared: Any, background: bool) -> Decision:
+    def _call(self, prepared: Any, background: bool, arrived: float) -> Decision:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         # The prepared request itself travels (no second encoding on the replica); the router reads the key.
         key = prepared.state_key.hex()
         for attempt in (1, 2):
             try:
-                response = self.handle.decide.remote(prepared, state_key=key, background=background)
+                waited = time.monotonic() - arrived
+                response = self.handle.decide.remote(
+                    prepared, state_key=key, background=background, waited_s=waited
+                )
                 result: dict[str, Any] = response.result()
                 self.reports.add(result[_REPORT])
+                if _TIMEOUT in result:
+                    raise QueueTimeoutError(*result[_TIMEOUT])
                 decision: Decision = result["decision"]
                 return decision
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
@@ -278,6 +289,7 @@ class ClefModel:
     def __init__(self, settings: ServerSettings, threads: int | None = None) -> None:
         from ray import serve
 
+        from clef_runtime.engine.heap_trim import HeapTrimmer
         from clef_runtime.engine.loop import EngineLoop
         from clef_runtime.model.kernels import configure_cpu_threads
         from clef_runtime.server.runtime import step_settings
@@ -292,6 +304,8 @@ class ClefModel:
             self.engine.runner(),
             step_settings(self.engine, settings),
             max_queue=settings.max_queue,
+            queue_timeout_s=settings.queue_timeout_s,
+            on_step=HeapTrimmer().after_step,
             on_thread_start=self.engine.prepare_compute_thread,
         )
         self.loop.start()
@@ -321,13 +335,21 @@ class ClefModel:
         return {"replica": self.replica_id, "pid": os.getpid(), "cache": self.engine.cache_stats()}
 
     async def decide(
-        self, prepared: Any, state_key: str | None = None, background: bool = False
+        self, prepared: Any, state_key: str | None = None, background: bool = False, waited_s: float = 0.0
     ) -> dict[str, Any]:
         """Answer one prepared request (``state_key`` is read by the router only; ``background``: a
-        batch-job line, run only when no interactive request waits). Returns ``{"decision": Decision}``
-        (naming this replica) with this replica's report (for the ingress)."""
-        future = self.loop.submit(prepared, prepared.record.input_tokens, background=background)
-        decision = await asyncio.wrap_future(future)
+        batch-job line, run only when no interactive request waits; ``waited_s``: its wait before it came
+        here, counted against the queue timeout). Returns ``{"decision": Decision}`` (naming this replica)
+        with this replica's report (for the ingress), or ``{_TIMEOUT: [waited, timeout, retry_after]}`` when
+        it waited past ``--queue-timeout-ms`` (a plain value: the ingress raises the error itself, whatever
+        Ray would make of a pickled exception)."""
+        future = self.loop.submit(
+            prepared, prepared.record.input_tokens, background=background, waited_s=waited_s
+        )
+        try:
+            decision = await asyncio.wrap_future(future)
+        except QueueTimeoutError as exc:
+            return {_TIMEOUT: [exc.waited_s, exc.timeout_s, exc.retry_after_s], _REPORT: self.report()}
         return {"decision": dataclasses.replace(decision, replica=self.replica_id), _REPORT: self.report()}
 
     def __del__(self) -> None:

@@ -28,6 +28,7 @@ from clef_runtime.protocol.openai_chat import ChatCompletionRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
+from clef_runtime.server.handling import RATE_LIMIT_HEADERS_STATE
 from clef_runtime.server.jobs import JobsService
 from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.routes_chat import router as chat_router
@@ -102,6 +103,9 @@ class RequestContextMiddleware:
                 # The official SDKs surface this header in their errors.
                 headers["x-typesafe-request-id"] = request_id
                 headers["x-latency-ms"] = f"{(time.perf_counter() - started) * 1000:.1f}"
+                # The caller's rate-limit state, on every response of a request that was admitted.
+                for name, value in state.get(RATE_LIMIT_HEADERS_STATE, {}).items():
+                    headers.setdefault(name, value)
             await send(message)
 
         self.metrics.inflight.inc()

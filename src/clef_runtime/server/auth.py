@@ -4,19 +4,27 @@ With no key configured, auth is off and any ``Authorization`` header is ignored 
 send one). With keys configured, a key is read from ``Authorization: Bearer <key>`` (TypeSafe's
 convention) or ``X-API-Key: <key>`` (SystemOne Builder's), and compared in constant time against every
 configured key, so neither the position of a mismatch nor which key matched shows in the timing.
+
+Keys have names, which is what rate limits, metrics and logs use (never the key itself): a configured value
+``NAME:KEY`` (``NAME`` of letters, digits, ``_``, ``.``, ``-``; at most 64) names its key; any other value is
+a key named by its position, ``key-1``, ``key-2``, ... (a key that contains a colon itself needs a name).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
 from clef_runtime.server.errors import ApiError
 
-__all__ = ["KeyChecker"]
+__all__ = ["KeyChecker", "NamedKey", "parse_key"]
+
+_KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def _digest(key: bytes) -> bytes:
@@ -25,12 +33,31 @@ def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
+@dataclass(frozen=True)
+class NamedKey:
+    """A configured key and the name it is known by."""
+
+    name: str
+    secret: str = ""
+
+
+def parse_key(value: str, position: int) -> NamedKey:
+    """A configured ``--api-key`` value: ``NAME:KEY``, or a bare key named ``key-<position>`` (1-based)."""
+    name, colon, secret = value.partition(":")
+    if colon and secret and _KEY_NAME.match(name):
+        return NamedKey(name, secret)
+    return NamedKey(f"key-{position}", value)
+
+
 class KeyChecker:
     """Checks the API key of a request against the configured keys."""
 
     def __init__(self, keys: Sequence[str]) -> None:
+        named = [parse_key(value, position) for position, value in enumerate(keys, 1)]
+        self.names = tuple(key.name for key in named)
+        """The keys' names, in the configured order."""
         # Configured keys are text (UTF-8 on the wire); header values arrive as latin-1-decoded bytes.
-        self._digests = tuple(_digest(key.encode("utf-8")) for key in keys)
+        self._digests = tuple(_digest(key.secret.encode("utf-8")) for key in named)
 
     @property
     def enabled(self) -> bool:
@@ -53,21 +80,27 @@ class KeyChecker:
     def matches(self, key: str) -> bool:
         """True when ``key`` (a header value as Starlette decodes it, latin-1) equals one of the configured
         keys, compared in constant time over all of them."""
+        return self.name_of(key) is not None
+
+    def name_of(self, key: str) -> str | None:
+        """The name of the configured key equal to ``key`` (None: no match), compared in constant time over
+        all of them."""
         try:
             raw = key.encode("latin-1")
         except UnicodeEncodeError:  # not from a header: a Python caller passed real text
             raw = key.encode("utf-8")
         candidate = _digest(raw)
-        matched = False
-        for digest in self._digests:
-            matched |= hmac.compare_digest(candidate, digest)
-        return matched
+        matched = -1
+        for index, digest in enumerate(self._digests):
+            equal = hmac.compare_digest(candidate, digest)
+            matched = index if equal else matched
+        return None if matched < 0 else self.names[matched]
 
-    def check(self, headers: Headers) -> None:
-        """Return if the request may proceed. Raises :class:`ApiError` 401 ``authentication_error`` when
-        auth is on and the key is missing or wrong."""
+    def check(self, headers: Headers) -> str | None:
+        """The name of the request's key (None with auth off) if it may proceed. Raises :class:`ApiError`
+        401 ``authentication_error`` when auth is on and the key is missing or wrong."""
         if not self._digests:
-            return
+            return None
         key = self.presented_key(headers)
         challenge = {"WWW-Authenticate": 'Bearer realm="clef"'}
         if key is None:
@@ -77,5 +110,7 @@ class KeyChecker:
                 "missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
                 headers=challenge,
             )
-        if not self.matches(key):
+        name = self.name_of(key)
+        if name is None:
             raise ApiError(401, "authentication_error", "invalid API key", headers=challenge)
+        return name

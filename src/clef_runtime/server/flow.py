@@ -23,7 +23,7 @@ from clef_runtime.protocol.errors import InputTooLongError, RequestValidationErr
 from clef_runtime.server.errors import ApiError, ClientGone, from_protocol_error, validation_error
 from clef_runtime.server.handling import (
     ERROR_RESPONSES,
-    authenticate,
+    admit_caller,
     client_gone_response,
     finish,
     note,
@@ -108,7 +108,7 @@ async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Resp
     Returns the JSON response (499 when the client went away). Raises `ApiError` (401, 400/413/415 for the
     body, 422/413 for validation, 429, 503) for the error handlers.
     """
-    authenticate(request)
+    admit_caller(request)
     runtime = runtime_of(request)
     runtime.require_ready()
     plan: tuple[PlanT] | None = None  # boxed: a plan may itself be None

@@ -14,14 +14,16 @@ from fastapi.responses import JSONResponse, Response
 from clef_runtime.engine.contract import PreparedItem
 from clef_runtime.engine.decision import Decision
 from clef_runtime.server.bodies import check_content_type, decode_content, parse_json, read_body
-from clef_runtime.server.errors import error_body
+from clef_runtime.server.errors import ApiError, error_body
 from clef_runtime.server.runtime import ServerRuntime, question_types
 
 __all__ = [
     "CACHED_TOKENS_HEADER",
     "ERROR_RESPONSES",
+    "RATE_LIMIT_HEADERS_STATE",
     "STATE_CACHE_HEADER",
     "STEPS_HEADER",
+    "admit_caller",
     "authenticate",
     "client_gone_response",
     "finish",
@@ -81,9 +83,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _error_doc("Body over --max-body-bytes, or input over the token limit with --on-overflow reject"),
     415: _error_doc("Unsupported Content-Encoding, multipart body, or a form-typed body that is not JSON"),
     422: _VALIDATION_DOC,
-    429: _error_doc("Queue full; see Retry-After"),
+    429: _error_doc("Queue full, or over this caller's --rate-limit; see Retry-After"),
     500: _error_doc("Internal error; the message names the request id"),
-    503: _error_doc("Model not loaded yet (or shutting down); see Retry-After"),
+    503: _error_doc(
+        "Model not loaded yet, shutting down, or waited past --queue-timeout-ms without starting; "
+        "see Retry-After"
+    ),
 }
 
 
@@ -96,6 +101,41 @@ def runtime_of(request: Request) -> ServerRuntime:
 def authenticate(request: Request) -> None:
     """Raise :class:`ApiError` 401 unless the request may proceed (always passes with auth off)."""
     runtime_of(request).keys.check(request.headers)
+
+
+RATE_LIMIT_HEADERS_STATE = "rate_limit_headers"
+"""Where `admit_caller` leaves the caller's ``X-RateLimit-*`` headers for the response (request state)."""
+ANONYMOUS_CALLER = "anonymous"
+
+
+def admit_caller(request: Request) -> None:
+    """Authenticate the request and take one request from its caller's rate limit (a decision route's
+    first step). The caller is its key's name, or its client address with auth off. The ``X-RateLimit-*``
+    headers go on the response, whatever its status.
+
+    Raises :class:`ApiError` 401 (auth) or 429 ``rate_limited`` with Retry-After."""
+    runtime = runtime_of(request)
+    name = runtime.keys.check(request.headers)
+    limiter = runtime.limiter
+    if limiter is None:
+        return
+    address = request.client.host if request.client is not None else ""
+    decision = limiter.take(name if name is not None else f"address:{address}")
+    headers = decision.headers()
+    # Metric labels are key names (bounded by the configuration); client addresses are not.
+    label = name or ANONYMOUS_CALLER
+    runtime.metrics.caller_requests.labels(label, "admitted" if decision.allowed else "rate_limited").inc()
+    if not decision.allowed:
+        runtime.metrics.rejected.labels("rate_limited").inc()
+        note(request, caller=label)
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"over the rate limit of {limiter.rate:g} requests/s (burst {limiter.burst}) for "
+            f"{'key ' + repr(name) if name else 'this client address'}; retry in {headers['Retry-After']} s",
+            headers=headers,
+        )
+    setattr(request.state, RATE_LIMIT_HEADERS_STATE, headers)
 
 
 async def read_json_body(request: Request) -> Any:

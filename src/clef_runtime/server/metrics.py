@@ -182,6 +182,12 @@ class ServerMetrics:
         self.rejected = counter(
             "clef_rejected_requests", "Requests refused before compute, by reason.", ["reason"]
         )
+        self.caller_requests = counter(
+            "clef_caller_requests",
+            "Decision requests by caller (an API key's name, 'anonymous' with auth off; never the key) and "
+            "outcome (admitted, rate_limited).",
+            ["key", "outcome"],
+        )
         self.disconnected = counter(
             "clef_client_disconnects", "Requests whose client went away before the answer."
         )

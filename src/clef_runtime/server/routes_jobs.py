@@ -26,7 +26,7 @@ from clef_runtime.jobs.store import (
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.server.bodies import decode_content, read_body
 from clef_runtime.server.errors import ApiError, validation_error
-from clef_runtime.server.handling import ERROR_RESPONSES, authenticate, runtime_of
+from clef_runtime.server.handling import ERROR_RESPONSES, admit_caller, authenticate, runtime_of
 from clef_runtime.server.jobs import MAX_LISTED_ERRORS, JobsService, parse_job_body
 from clef_runtime.server.openapi_docs import json_example
 
@@ -140,6 +140,7 @@ async def submit_job(request: Request, skip_invalid: bool = Query(False)) -> JSO
     """Validate every line (422 listing the invalid ones, unless ``skip_invalid=true`` records them as
     failed) and store the job; 202 with its id. Lines are answered when no interactive request waits."""
     service = _service(request)
+    admit_caller(request)  # a submission counts once against the caller's --rate-limit, whatever its lines
     owner = _owner(request)
     settings = service.settings
     idempotency_key = request.headers.get("idempotency-key")

@@ -22,12 +22,20 @@ from starlette.requests import Request
 
 from clef_runtime.engine.contract import DecisionEngine, PreparedItem
 from clef_runtime.engine.decision import Decision
-from clef_runtime.engine.loop import EngineLoop, QueueFullError, SchedulerClosedError
+from clef_runtime.engine.heap_trim import HeapTrimmer
+from clef_runtime.engine.loop import (
+    EngineLoop,
+    QueueFullError,
+    QueueTimeoutError,
+    SchedulerClosedError,
+    StepStats,
+)
 from clef_runtime.engine.policy import StepSettings
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
 from clef_runtime.server.errors import ApiError, ClientGone
+from clef_runtime.server.limits import RateLimiter
 from clef_runtime.server.metrics import CacheSeries, ServerMetrics
 from clef_runtime.server.settings import ServerSettings
 
@@ -59,7 +67,9 @@ class Dispatcher(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(self, payload: Any, tokens: int, *, background: bool = False) -> Future[Decision]: ...
+    def submit(
+        self, payload: Any, tokens: int, *, background: bool = False, waited_s: float = 0.0
+    ) -> Future[Decision]: ...
 
     @property
     def queue_depth(self) -> int: ...
@@ -105,12 +115,20 @@ def step_settings(engine: Engine, settings: ServerSettings) -> StepSettings:
 
 
 def local_engine_loop(engine: Engine, settings: ServerSettings, runtime: ServerRuntime) -> Dispatcher:
-    """The default dispatcher: an `EngineLoop` over the engine in this process, on its own thread."""
+    """The default dispatcher: an `EngineLoop` over the engine in this process, on its own thread, its steps
+    observed by the metrics and followed by a heap trim every few seconds (`HeapTrimmer`)."""
+    trimmer = HeapTrimmer()
+
+    def after_step(stats: StepStats) -> None:
+        runtime.metrics.observe_step(stats)
+        trimmer.after_step()
+
     return EngineLoop(
         engine.runner(),
         step_settings(engine, settings),
         max_queue=settings.max_queue,
-        on_step=runtime.metrics.observe_step,
+        queue_timeout_s=settings.queue_timeout_s,
+        on_step=after_step,
         on_thread_start=engine.prepare_compute_thread,
     )
 
@@ -138,6 +156,9 @@ class ServerRuntime:
         self.replica_id = f"{socket.gethostname()}:{settings.port}"
         """This process's replica id (``X-Clef-Replica``): stable for the server's address."""
         self.keys = KeyChecker(settings.api_keys)
+        rate = settings.rate_limit
+        self.limiter = RateLimiter(rate, settings.rate_burst_size) if rate is not None else None
+        """Per-caller rate limits on the decision routes (None: off)."""
         self._factory = engine_factory
         self._on_fatal = on_fatal
         self._lock = threading.Lock()
@@ -328,29 +349,38 @@ class ServerRuntime:
             raise SchedulerClosedError("the engine is not ready")
         return dispatcher.submit(prepared, prepared.record.input_tokens, background=True)
 
+    def _refusal(self, status: int, error_type: str, why: str, estimate_s: float) -> ApiError:
+        """A request refused for want of capacity (counted by ``error_type``), with ``Retry-After``: the
+        loop's estimate of when the queued work is done, in whole seconds, 1 to 60."""
+        self.metrics.rejected.labels(error_type).inc()
+        retry_after = max(1, min(60, math.ceil(estimate_s)))
+        return ApiError(
+            status,
+            error_type,
+            f"{why}; retry in about {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
+
     async def decide(self, prepared: PreparedItem, request: Request | None) -> Decision:
         """Queue a prepared request and wait for its decision, dropping it (waiting or running) if the client
         goes away.
 
         Returns the engine's `Decision`. Raises :class:`ApiError` 429 (queue full, with Retry-After) or 503
-        (shutting down), :class:`ClientGone`, protocol errors raised by the engine, or the engine's own
-        exception (an internal error).
+        (waited past the queue timeout, with Retry-After; shutting down), :class:`ClientGone`, protocol
+        errors raised by the engine, or the engine's own exception (an internal error).
         """
         self.require_ready()
         dispatcher = self._dispatcher
         assert dispatcher is not None
         try:
-            future = dispatcher.submit(prepared, prepared.record.input_tokens)
+            # The queue timeout counts from the request's arrival: reading, validating and encoding it were
+            # waiting too, and under overload the encode thread has a queue of its own.
+            arrived = getattr(request.state, "started_at", None) if request is not None else None
+            waited = time.perf_counter() - arrived if arrived is not None else 0.0
+            future = dispatcher.submit(prepared, prepared.record.input_tokens, waited_s=waited)
         except QueueFullError as exc:
-            self.metrics.rejected.labels("queue_full").inc()
-            retry_after = max(1, min(60, math.ceil(exc.retry_after_s)))
-            raise ApiError(
-                429,
-                "queue_full",
-                f"the server is busy ({exc.queued} requests waiting, --max-queue {dispatcher.max_queue}); "
-                f"retry in about {retry_after} s",
-                headers={"Retry-After": str(retry_after)},
-            ) from None
+            busy = f"the server is busy ({exc.queued} requests waiting, --max-queue {dispatcher.max_queue})"
+            raise self._refusal(429, "queue_full", busy, exc.retry_after_s) from None
         except SchedulerClosedError:
             raise ApiError(503, "not_ready", "the server is shutting down") from None
         answer = asyncio.wrap_future(future)
@@ -378,6 +408,9 @@ class ServerRuntime:
             decision = answer.result()
         except SchedulerClosedError:
             raise ApiError(503, "not_ready", "the server shut down before answering") from None
+        except QueueTimeoutError as exc:
+            overloaded = f"{exc} (--queue-timeout-ms); the server is overloaded"
+            raise self._refusal(503, "queue_timeout", overloaded, exc.retry_after_s) from None
         except (RequestValidationError, ApiError):
             raise
         except ClefError as exc:

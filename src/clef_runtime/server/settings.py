@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,11 +25,13 @@ from clef_runtime.options import (
     Option,
     OptionsError,
     parse_bool,
+    parse_float,
     parse_int,
     parse_lower,
     parse_size,
     read_option_values,
 )
+from clef_runtime.server.auth import parse_key
 
 __all__ = [
     "OPTIONS",
@@ -57,9 +60,16 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8094
     api_keys: tuple[str, ...] = ()
-    """Accepted keys; empty means auth is off."""
+    """Accepted keys (``NAME:KEY`` names one; see `clef_runtime.server.auth`); empty means auth is off."""
+    rate_limit: float | None = None
+    """Decision requests per second per API key (per client address with auth off); None: no limit."""
+    rate_burst: int | None = None
+    """Requests a caller may make at once before the rate applies; None: the rate rounded up (at least 1)."""
     max_queue: int = 256
     """Requests that may wait for the engine; one more gets 429."""
+    queue_timeout_ms: int | None = None
+    """How long a request may wait for the engine without starting; then 503 with Retry-After (None: no
+    bound). Batch-job lines are exempt: they wait in their own lane."""
     max_batch_size: int = 32
     """Requests computed together in one engine step."""
     max_input_tokens: int | None = None
@@ -106,6 +116,16 @@ class ServerSettings:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.rate_limit is not None and not (0 < self.rate_limit < float("inf")):
+            problems.append(f"--rate-limit must be a positive number (requests/s), got {self.rate_limit}")
+        if self.rate_burst is not None and self.rate_burst < 1:
+            problems.append(f"--rate-burst must be at least 1, got {self.rate_burst}")
+        names = [parse_key(value, position).name for position, value in enumerate(self.api_keys, 1)]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            problems.append(f"--api-key names must be unique, repeated: {', '.join(duplicates)}")
+        if self.queue_timeout_ms is not None and self.queue_timeout_ms < 1:
+            problems.append(f"--queue-timeout-ms must be at least 1, got {self.queue_timeout_ms}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             problems.append(f"--max-input-tokens must be at least 1, got {self.max_input_tokens}")
         if self.on_overflow not in ("truncate", "reject"):
@@ -139,6 +159,18 @@ class ServerSettings:
         return Path(base) / "clef-runtime" / "jobs.sqlite3"
 
     @property
+    def queue_timeout_s(self) -> float | None:
+        """``queue_timeout_ms`` in seconds (None: no bound)."""
+        return None if self.queue_timeout_ms is None else self.queue_timeout_ms / 1000
+
+    @property
+    def rate_burst_size(self) -> int:
+        """The effective burst: ``rate_burst``, else the rate rounded up (at least 1)."""
+        if self.rate_burst is not None:
+            return self.rate_burst
+        return max(1, math.ceil(self.rate_limit or 1))
+
+    @property
     def auth_enabled(self) -> bool:
         """True when at least one API key is configured."""
         return bool(self.api_keys)
@@ -164,10 +196,28 @@ OPTIONS: tuple[Option, ...] = (
         "--api-key",
         "CLEF_API_KEY",
         str,
-        "require this API key (repeatable; the variable takes a comma-separated list); read from "
-        "'Authorization: Bearer' or 'X-API-Key'. Default: auth off",
+        "require this API key (repeatable; the variable takes a comma-separated list); NAME:KEY names it "
+        "for --rate-limit, /metrics and logs (else key-1, key-2, ...); read from 'Authorization: Bearer' "
+        "or 'X-API-Key'. Default: auth off",
         "KEY",
         kind="append",
+    ),
+    Option(
+        "rate_limit",
+        "--rate-limit",
+        "CLEF_RATE_LIMIT",
+        parse_float,
+        "decision requests per second per API key (per client address with auth off); beyond it 429 with "
+        "Retry-After and X-RateLimit-* headers (default: no limit)",
+        "RPS",
+    ),
+    Option(
+        "rate_burst",
+        "--rate-burst",
+        "CLEF_RATE_BURST",
+        parse_int,
+        "requests a caller may make at once before --rate-limit applies (default: the rate, rounded up)",
+        "N",
     ),
     Option(
         "max_queue",
@@ -175,6 +225,15 @@ OPTIONS: tuple[Option, ...] = (
         "CLEF_MAX_QUEUE",
         parse_int,
         "requests that may wait for the engine; beyond it 429 with Retry-After (default 256)",
+        "N",
+    ),
+    Option(
+        "queue_timeout_ms",
+        "--queue-timeout-ms",
+        "CLEF_QUEUE_TIMEOUT_MS",
+        parse_int,
+        "a request that has waited this long without starting gets 503 with Retry-After and is never "
+        "computed (default: no bound; batch-job lines are exempt)",
         "N",
     ),
     Option(

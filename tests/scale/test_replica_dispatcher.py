@@ -1,0 +1,65 @@
+"""The ingress's dispatcher to model replicas, with a fake deployment handle (no Ray cluster): the queue
+timeout's outcome on a replica comes back as the same error a local engine raises, and the time a request
+waited before its dispatch is handed on to the replica's queue."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from clef_runtime.engine.loop import QueueTimeoutError
+from clef_runtime.scale.ray_serve import ReplicaDispatcher, ReplicaReports
+from clef_runtime.server.settings import ServerSettings
+
+REPORT = {"replica": "r1", "pid": 1, "cache": {}}
+
+
+class Outcome:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+class TimingOutReplica:
+    """Every request waited past the replica's queue timeout; records the waits it was told of."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.decide = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, prepared: Any, *, state_key: str, background: bool, waited_s: float) -> Outcome:
+        self.waits.append(waited_s)
+        return Outcome({"x_queue_timeout": [waited_s + 0.25, 0.25, 3.0], "x_replica_report": REPORT})
+
+
+def test_a_replica_queue_timeout_is_raised_at_the_ingress_with_the_wait_so_far() -> None:
+    handle = TimingOutReplica()
+    reports = ReplicaReports()
+    dispatcher = ReplicaDispatcher(handle, ServerSettings(model="m", queue_timeout_ms=250), reports)
+    try:
+        future = dispatcher.submit(SimpleNamespace(state_key=b"k"), 10, waited_s=0.1)
+        with pytest.raises(QueueTimeoutError) as info:
+            future.result(10)
+    finally:
+        dispatcher.close()
+    assert info.value.timeout_s == 0.25 and info.value.retry_after_s == 3.0
+    (waited,) = handle.waits
+    assert 0.1 <= waited < 0.1 + 5  # the ingress's own wait was added to what the request brought
+    assert [report.replica for report in reports.running({"r1"})] == ["r1"]  # the report still counts
+
+
+def test_the_wait_before_dispatch_counts() -> None:
+    handle = TimingOutReplica()
+    dispatcher = ReplicaDispatcher(handle, ServerSettings(model="m"), ReplicaReports())
+    started = time.monotonic()
+    try:
+        with pytest.raises(QueueTimeoutError):
+            dispatcher.submit(SimpleNamespace(state_key=b"k"), 10, waited_s=2.0).result(10)
+    finally:
+        dispatcher.close()
+    assert 2.0 <= handle.waits[0] <= 2.0 + (time.monotonic() - started)
