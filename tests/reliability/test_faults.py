@@ -7,7 +7,10 @@ tests/server/test_conformance.py (the same on the tiny model):
   and answered; a request that does not fit even alone gets 503 ``overloaded`` with Retry-After, and the
   server keeps serving;
 * a missing, truncated or mismatched checkpoint file under ``clef serve``: the process exits 1 with the
-  file named, and ``/ready`` is never 200 meanwhile.
+  file named, and ``/ready`` is never 200 meanwhile;
+* a client that sends its body slowly (slowloris): the engine never waits for it, others are answered;
+* a client that goes away while its long request is being computed (the tiny model, chunk by chunk): its
+  work stops at the next chunk, well short of its tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +34,7 @@ import pytest
 import torch
 
 from clef_runtime.model.resolve import resolve_model, tiny_cache_path
-from tests.server.conftest import Served, free_port, send_behind_a_held_call
+from tests.server.conftest import LiveServer, Served, free_port, send_behind_a_held_call
 from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
@@ -204,3 +209,79 @@ def test_while_stopping_accepted_requests_finish_and_new_ones_get_503(
         assert accepted.result(20).status_code == 200
         stopping.result(20)
     assert [state for batch in engine.batches for state in batch] == ["accepted"]
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _open_post(port: int, body: bytes, send: int) -> socket.socket:
+    """A POST /v1/systemone whose headers announce ``body`` whole, with only its first ``send`` bytes sent."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    head = (
+        "POST /v1/systemone HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + body[:send])
+    return sock
+
+
+def test_a_client_sending_its_body_slowly_never_holds_the_engine(
+    live_fake: Callable[..., LiveServer],
+) -> None:
+    live = live_fake(FakeClef())
+    body = json.dumps({**REQUEST, "state": "slow client"}).encode()
+    slow = _open_post(live.port, body, send=len(body) // 3)
+    try:
+        with httpx.Client(base_url=live.url, timeout=20) as client:
+            # While its body trickles in a byte at a time, the others are answered one after another.
+            for i in range(len(body) // 3, len(body) // 2):
+                slow.sendall(body[i : i + 1])
+                if i % 8 == 0:
+                    answer = client.post("/v1/systemone", json={**REQUEST, "state": f"other {i}"})
+                    assert answer.status_code == 200
+            states = [state for batch in live.engine.batches for state in batch]
+            assert states and "slow client" not in states  # never queued: its body is not complete
+            assert live.app.state.runtime.queue_depth() == 0
+            slow.sendall(body[len(body) // 2 :])
+            reply = slow.makefile("rb").readline()
+            assert reply.startswith(b"HTTP/1.1 200"), reply  # and once complete it is answered
+    finally:
+        slow.close()
+
+
+@pytest.mark.slow
+def test_a_client_leaving_mid_compute_stops_its_work_at_the_next_chunk(
+    live_fake: Callable[..., LiveServer],
+) -> None:
+    from clef_runtime.engine.clef import Clef
+    from clef_runtime.options import EngineOptions
+
+    engine = Clef.load("tiny", EngineOptions(max_step_tokens=64, cache_mb=0, dtype="fp32"))
+    live = live_fake(engine, max_batch_size=1)  # type: ignore[arg-type]
+    body = {"state": " ".join(["refund order"] * 4000), "questions": REQUEST["questions"]}
+    tokens = engine.encode(body).input_tokens  # about 8,000: over a hundred steps of 64
+    with httpx.Client(base_url=live.url, timeout=30) as probe:
+        quitter = _open_post(live.port, json.dumps(body).encode(), send=1 << 30)
+        # In flight: the request is being computed (it runs, and steps of it have been computed).
+        deadline = time.monotonic() + 60
+        while True:
+            metrics = probe.get("/metrics").text
+            if (
+                _metric(metrics, "clef_running_requests") == 1
+                and _metric(metrics, "clef_step_tokens_sum") >= 256
+            ):
+                break
+            assert time.monotonic() < deadline, "the long request never ran"
+            time.sleep(0.01)
+        quitter.close()
+        deadline = time.monotonic() + 30
+        while _metric(probe.get("/metrics").text, "clef_running_requests") != 0:
+            assert time.monotonic() < deadline, "the engine kept computing for a client that left"
+            time.sleep(0.01)
+        computed = _metric(probe.get("/metrics").text, "clef_step_tokens_sum")
+        assert _metric(probe.get("/metrics").text, "clef_client_disconnects_total") == 1
+        assert 256 <= computed < tokens / 2, (computed, tokens)  # stopped well short of its tokens
+        after = probe.post("/v1/systemone", json=REQUEST)
+        assert after.status_code == 200  # the engine serves on
