@@ -96,6 +96,7 @@ def bench_configuration(
             record = {
                 "capacity_per_s": round(measured["per_s"], 3),
                 "closed_loop_latency_p50_s": round(measured["service_s"], 4),
+                "capacity_refused": int(measured["refused"]),
                 "p99_bound_s": p99_bound_s(summary, queue_timeout_ms),
                 **summary,
                 "failures": found,

@@ -223,12 +223,18 @@ def capacity(
     url: str, bodies: Sequence[Mapping[str, Any]], concurrency: int, *, path: str = "/v1/systemone"
 ) -> dict[str, float]:
     """What the server sustains: every body once, closed loop at ``concurrency``. Returns ``{"per_s",
-    "service_s"}`` (answers per second; the median latency of one answer at that concurrency). Raises
-    RuntimeError when an answer is not 200 (capacity is measured below any limit)."""
+    "service_s", "refused"}``: answers (200) per second, the median latency at that concurrency, and how many
+    were not answered 200 (a server with a queue timeout may refuse a few even here, on a busy machine).
+    Raises RuntimeError when none was answered."""
     load = post_all(url, bodies, concurrency, path=path)
-    if load.errors:
-        raise RuntimeError(f"{load.errors} of {len(bodies)} capacity requests were not answered 200")
-    return {"per_s": len(bodies) / load.seconds, "service_s": percentile(load.latencies_s, 0.5)}
+    answered = len(bodies) - load.errors
+    if not answered:
+        raise RuntimeError(f"none of {len(bodies)} capacity requests was answered 200")
+    return {
+        "per_s": answered / load.seconds,
+        "service_s": percentile(load.latencies_s, 0.5),
+        "refused": float(load.errors),
+    }
 
 
 def overload_failures(

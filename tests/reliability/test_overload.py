@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from benchmarks.lib.harness import start_clef_server
+from benchmarks.lib.harness import post_all, start_clef_server
 from benchmarks.lib.open_loop import capacity, overload_failures, run_open_loop
 from benchmarks.lib.requests import generated_requests
 
@@ -26,7 +26,8 @@ DURATION_S = 20.0
 def test_an_open_loop_overload_is_shed_with_503s_and_answers_never_wait_past_the_queue_timeout() -> None:
     server = start_clef_server("tiny", queue_timeout_ms=QUEUE_TIMEOUT_MS, log_level="warning")
     try:
-        measured = capacity(server.url, generated_requests(48, seed=1), concurrency=16)  # also the warm-up
+        post_all(server.url, generated_requests(8, seed=0), 1)  # warm-up
+        measured = capacity(server.url, generated_requests(48, seed=1), concurrency=4)
         warm = server.rss_bytes()
         run = run_open_loop(
             server.url,
