@@ -4,14 +4,16 @@ waited before its dispatch is handed on to the replica's queue."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from clef_runtime.engine.loop import QueueTimeoutError
-from clef_runtime.scale.ray_serve import ReplicaDispatcher, ReplicaReports
+from clef_runtime.scale.ray_serve import ClefModel, ReplicaDispatcher, ReplicaReports
 from clef_runtime.server.settings import ServerSettings
 
 REPORT = {"replica": "r1", "pid": 1, "cache": {}}
@@ -63,3 +65,44 @@ def test_the_wait_before_dispatch_counts() -> None:
     finally:
         dispatcher.close()
     assert 2.0 <= handle.waits[0] <= 2.0 + (time.monotonic() - started)
+
+
+class TimedOutLoop:
+    """A replica's engine loop whose every request has already waited past its queue timeout."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def submit(self, prepared: Any, tokens: int, *, background: bool, waited_s: float) -> Future[Any]:
+        self.waits.append(waited_s)
+        future: Future[Any] = Future()
+        future.set_exception(QueueTimeoutError(waited_s + 0.5, 0.5, 4.0))
+        return future
+
+    def close(self, *args: Any, **options: Any) -> None:
+        """The replica closes its loop when it is collected."""
+
+
+def test_the_replicas_own_timeout_answer_reaches_the_ingress_as_the_same_error() -> None:
+    # The real replica method (no Ray: the deployment is a plain class until `serve.deployment` wraps it).
+    replica = object.__new__(ClefModel)
+    replica.loop = TimedOutLoop()  # type: ignore[assignment]
+    replica.replica_id = "r1"
+    replica.engine = SimpleNamespace(cache_stats=lambda: {})  # type: ignore[assignment]
+
+    def remote(prepared: Any, **options: Any) -> Outcome:
+        return Outcome(asyncio.run(replica.decide(prepared, **options)))
+
+    handle = SimpleNamespace(decide=SimpleNamespace(remote=remote))
+    reports = ReplicaReports()
+    dispatcher = ReplicaDispatcher(handle, ServerSettings(model="m", queue_timeout_ms=500), reports)
+    prepared = SimpleNamespace(state_key=b"k", record=SimpleNamespace(input_tokens=10))
+    try:
+        with pytest.raises(QueueTimeoutError) as info:
+            dispatcher.submit(prepared, 10, waited_s=0.2).result(10)
+    finally:
+        dispatcher.close()
+    (waited,) = replica.loop.waits  # type: ignore[attr-defined]
+    assert waited >= 0.2
+    assert (info.value.waited_s, info.value.timeout_s, info.value.retry_after_s) == (waited + 0.5, 0.5, 4.0)
+    assert [report.replica for report in reports.running({"r1"})] == ["r1"]
