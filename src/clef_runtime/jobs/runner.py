@@ -90,12 +90,16 @@ class JobRunner:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
 
     def start(self) -> None:
-        """Start the runner thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="clef-jobs", daemon=True)
-            self._thread.start()
+        """Start the runner thread (idempotent). The thread is published only once started: a `stop` racing
+        a `start` (a server shut down while the model finished loading) must never join an unstarted one."""
+        with self._thread_lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="clef-jobs", daemon=True)
+                thread.start()
+                self._thread = thread
 
     def notify(self) -> None:
         """New work (a job was created or resumed): look now instead of at the next poll."""
@@ -106,8 +110,10 @@ class JobRunner:
         unanswered in the store and are resumed after a restart)."""
         self._stopping.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        with self._thread_lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _run(self) -> None:
         self._log_unfinished()
