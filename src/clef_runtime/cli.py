@@ -1,4 +1,4 @@
-"""The ``clef`` command: encode, decide, serve, make-tiny, bench, eval, calibrate, compare, jobs.
+"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, compare, jobs.
 
 Invalid input exits with status 2 and one line on stderr naming the field (an unknown flag names the flag
 and the closest known one); heavy imports (torch) happen only in the subcommands that need them.
@@ -282,6 +282,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from clef_runtime.server.mcp_stdio import serve_stdio
+
+    # A bad option is a usage error now (exit 2), not a failed load once the agent is connected.
+    EngineOptions.from_sources(args, os.environ)
+    return serve_stdio(lambda: _load_clef(args))
+
+
 def _deferred(module: str, function: str) -> Callable[[argparse.Namespace], int]:
     """A subcommand whose module is imported only when it runs (``clef --help`` stays fast)."""
 
@@ -359,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
 
+    mcp = sub.add_parser(
+        "mcp", help="serve the decide tool over MCP on stdin/stdout, for desktop agents (see README, MCP)"
+    )
+    add_engine_arguments(mcp)
+    mcp.set_defaults(func=_cmd_mcp)
+
     jobs = sub.add_parser("jobs", help="submit and follow durable batch jobs on a server (/v1/jobs)")
     from clef_runtime.jobs.client import add_jobs_arguments
 
@@ -421,13 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InputFileError as exc:
             print(f"clef {args.command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    if args.command in ("decide", "serve", "bench", "eval", "calibrate", "compare"):
+    if args.command in ("decide", "serve", "mcp", "bench", "eval", "calibrate", "compare"):
         # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
-        # `clef serve` runs the model on its engine thread, which starts its own thread team: one started
-        # here on the main thread as well would slow it (configure_cpu_threads says why).
+        # `clef serve` and `clef mcp` run the model on an engine thread, which starts its own thread team:
+        # one started here on the main thread as well would slow it (configure_cpu_threads says why).
         from clef_runtime.model.kernels import configure_cpu_threads
 
-        configure_cpu_threads(start_pool=args.command != "serve")
+        configure_cpu_threads(start_pool=args.command not in ("serve", "mcp"))
     try:
         return int(args.func(args))
     except (OptionsError, InputFileError) as exc:

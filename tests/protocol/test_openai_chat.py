@@ -263,7 +263,12 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
     ("overrides", "loc", "words"),
     [
         ({"n": 2}, ("n",), "n must be 1"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, ("tools",), "not supported"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+            ("tools", 0, "function", "parameters"),
+            "parameters schema",
+        ),
+        ({"functions": [{"name": "f", "parameters": {}}]}, ("functions",), "send the function as tools"),
         ({"functions": [{"name": "f"}]}, ("functions",), "not supported"),
         ({"response_format": None}, ("response_format",), "needs response_format"),
         ({"response_format": {"type": "text"}}, ("response_format",), "'text'"),
@@ -290,8 +295,8 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
         ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]},
-            ("messages", 0, "tool_calls"),
-            "tool",
+            ("messages", 0, "tool_calls", 0),
+            "a tool call must be",
         ),
         ({"stream": "yes"}, ("stream",), "stream must be true or false, got a string"),
     ],
@@ -415,3 +420,126 @@ def test_the_stream_is_one_content_chunk_then_usage_when_asked() -> None:
     assert chunks[0]["x_decisions"] == SYSTEMONE["answers"]
     assert chunks[1]["choices"] == [] and chunks[1]["usage"]["prompt_tokens"] == 42
     assert len(to_chat_chunks(completion, _plan(stream=True))) == 1
+
+
+# ----------------------------------------------------------------------------------------- function tools
+
+TICKET_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "Ticket",
+        "description": "Correctly extracted `Ticket`",
+        "parameters": COMPLETION_SCHEMA,
+    },
+}
+
+
+def test_a_function_tool_is_decided_like_a_response_format_and_wins_over_one() -> None:
+    by_format, format_plan = _mapped(
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": COMPLETION_SCHEMA}}
+    )
+    by_tool, tool_plan = _mapped(
+        tools=[TICKET_TOOL],
+        tool_choice={"type": "function", "function": {"name": "Ticket"}},
+        parallel_tool_calls=False,
+    )  # the request's own response_format (FORMAT, one boolean) is not what is decided
+    assert by_tool == by_format and tool_plan.fields == format_plan.fields
+    assert tool_plan.tool_name == "Ticket" and format_plan.tool_name is None
+    # A property the engine refuses is located in the tool's parameters.
+    assert translate_error_loc(("questions", "team", "criteria"), tool_plan) == (
+        "tools",
+        0,
+        "function",
+        "parameters",
+        "properties",
+        "team",
+    )
+    # No call with "none", nor with "auto" (or no choice) next to a response_format: the format is decided.
+    for choice in ("none", "auto", None):
+        _, plan = _mapped(tools=[TICKET_TOOL], tool_choice=choice)
+        assert plan.tool_name is None and [f.name for f in plan.fields] == ["urgent"]
+    _, plan = _mapped(tools=[TICKET_TOOL], response_format=None, tool_choice="auto")
+    assert plan.tool_name == "Ticket"  # without a format, "auto" calls the only tool
+
+
+def test_an_undecidable_tool_property_is_refused_at_the_tool() -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"properties": {"why": {"type": "string"}}}},
+    }
+    with pytest.raises(RequestValidationError) as info:
+        _mapped(tools=[tool], tool_choice="required")
+    assert info.value.errors[0]["loc"] == ("tools", 0, "function", "parameters", "properties", "why")
+
+
+def test_the_reply_is_one_call_of_the_requested_tool() -> None:
+    plan = _mapped(tools=[TICKET_TOOL], tool_choice="required", logprobs=True)[1]
+    out = to_chat_completion(SYSTEMONE, plan, completion_id="chatcmpl-abc", created=5)
+    choice = out["choices"][0]
+    message = choice["message"]
+    assert message["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    assert call["id"] == "call_abc" and call["type"] == "function" and call["function"]["name"] == "Ticket"
+    assert json.loads(call["function"]["arguments"]) == {
+        "team": "tech",
+        "urgent": False,
+        "priority": 2,
+        "code": 404,
+    }
+    assert [entry["x_field"] for entry in choice["logprobs"]["content"]] == [
+        "team",
+        "urgent",
+        "priority",
+        "code",
+    ]
+    assert out["x_decisions"] == SYSTEMONE["answers"]
+
+
+def test_a_streamed_call_comes_whole_then_its_finish_reason_then_usage() -> None:
+    plan = _mapped(
+        tools=[TICKET_TOOL], tool_choice="required", stream=True, stream_options={"include_usage": True}
+    )[1]
+    completion = to_chat_completion(SYSTEMONE, plan, completion_id="chatcmpl-s", created=1)
+    first, finish, usage = to_chat_chunks(completion, plan)
+    delta = first["choices"][0]["delta"]
+    assert delta["role"] == "assistant" and delta["content"] is None
+    assert delta["tool_calls"] == [{"index": 0, **completion["choices"][0]["message"]["tool_calls"][0]}]
+    assert first["choices"][0]["finish_reason"] is None
+    assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}]
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens"] == 42
+
+
+def test_a_retry_history_with_tool_calls_and_tool_messages_becomes_part_of_the_state() -> None:
+    arguments = '{"team": "sales", "urgent": true}'
+    body, _ = _mapped(
+        tools=[TICKET_TOOL],
+        messages=[
+            {"role": "user", "content": "Help now!"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "Ticket", "arguments": arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "Validation error: team must be billing"},
+            {"role": "assistant", "function_call": {"name": "Ticket", "arguments": "not json"}},
+            {"role": "function", "name": "Ticket", "content": "still wrong"},
+        ],
+    )
+    assert body["state"] == [
+        {"role": "user", "content": "Help now!"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"name": "Ticket", "arguments": json.loads(arguments)}],
+        },
+        {"role": "tool", "content": "Validation error: team must be billing"},
+        {"role": "assistant", "tool_calls": [{"name": "Ticket", "arguments": "not json"}]},
+        {"role": "function", "name": "Ticket", "content": "still wrong"},
+    ]
+    parse_request(body)  # a valid System One request

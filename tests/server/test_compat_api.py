@@ -94,7 +94,12 @@ def test_chat_answers_are_the_argmax_of_the_equivalent_systemone_request(client:
     ("change", "param", "code"),
     [
         ({"n": 3}, "n", "unsupported_value"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+            "tools[0].function.parameters",
+            "missing_schema",
+        ),
+        ({"functions": [{"name": "f"}]}, "functions", "unsupported_tools"),
         ({"response_format": {"type": "json_object"}}, "response_format", "missing_schema"),
         ({"response_format": None}, "response_format", "missing_schema"),
         (
@@ -168,6 +173,88 @@ def test_chat_stream_is_one_chunk_then_done(client: TestClient) -> None:
     assert chunks[0]["choices"][0]["delta"]["content"] == plain["choices"][0]["message"]["content"]
     assert chunks[0]["choices"][0]["logprobs"] == plain["choices"][0]["logprobs"]
     assert chunks[1]["usage"] == plain["usage"] and chunks[1]["choices"] == []
+
+
+TOOL = {"type": "function", "function": {"name": "ticket", "parameters": SCHEMA, "strict": True}}
+
+
+@pytest.mark.parametrize(
+    "tool_choice", [{"type": "function", "function": {"name": "ticket"}}, "required", None]
+)
+def test_a_function_tool_is_answered_by_one_call_with_the_response_format_answers(
+    client: TestClient, tool_choice: Any
+) -> None:
+    by_format = client.post(CHAT_PATH, json=CHAT).json()
+    body = {key: value for key, value in CHAT.items() if key != "response_format"}
+    body |= {"tools": [TOOL], "parallel_tool_calls": False}
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    response = client.post(CHAT_PATH, json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "ticket" and call["id"] == "call_" + response.headers["x-request-id"]
+    assert call["function"]["arguments"] == by_format["choices"][0]["message"]["content"]
+    assert response.json()["x_decisions"] == by_format["x_decisions"]
+
+
+def test_a_client_retry_with_the_call_and_a_tool_message_in_its_history_is_answered(
+    client: TestClient,
+) -> None:
+    first = client.post(CHAT_PATH, json={**CHAT, "tools": [TOOL], "tool_choice": "required"})
+    first = first.json()["choices"][0]["message"]
+    retry = {
+        **CHAT,
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "messages": [
+            *CHAT["messages"],
+            {"role": "assistant", "content": None, "tool_calls": first["tool_calls"]},
+            {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "priority must be 4"},
+        ],
+    }
+    response = client.post(CHAT_PATH, json=retry)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_several_tools_without_a_named_choice_are_refused_naming_tool_choice(client: TestClient) -> None:
+    other = {"type": "function", "function": {"name": "other", "parameters": SCHEMA}}
+    body = {**CHAT, "tools": [TOOL, other], "tool_choice": "required"}
+    assert "2 tools were given" in assert_openai_error(
+        client.post(CHAT_PATH, json=body), 400, "tool_choice", "ambiguous_tool"
+    )
+    body["tool_choice"] = {"type": "function", "function": {"name": "other"}}
+    assert (
+        client.post(CHAT_PATH, json=body).json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+        == "other"
+    )
+
+
+def test_a_streamed_tool_call_is_the_call_then_its_finish_reason(client: TestClient) -> None:
+    body = {**CHAT, "tools": [TOOL], "tool_choice": "required", "stream": True}
+    events = [line for line in client.post(CHAT_PATH, json=body).text.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    first, finish = (json.loads(event[len("data: ") :]) for event in events[:-1])
+    (call,) = first["choices"][0]["delta"]["tool_calls"]
+    assert (
+        call["index"] == 0
+        and call["function"]["name"] == "ticket"
+        and json.loads(call["function"]["arguments"])
+    )
+    assert finish["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_unknown_v1_routes_and_wrong_methods_on_openai_routes_answer_in_openai_shape(
+    client: TestClient,
+) -> None:
+    missing = client.post("/v1/embeddings", json={})
+    assert "/v1/embeddings" in assert_openai_error(missing, 404, None, "unknown_url")
+    assert_openai_error(client.get(CHAT_PATH), 405, None, "method_not_allowed")
+    # Everything else keeps the server's own shape.
+    assert client.get("/nope").json()["detail"]["error_type"] == "not_found_error"
+    assert client.get("/v1/systemone").json()["detail"]["error_type"] == "method_not_allowed"
 
 
 @pytest.mark.parametrize(

@@ -13,23 +13,19 @@ import copy
 import io
 import json
 import math
-import threading
-import time
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 import numpy as np
 import openai
 import pytest
-import uvicorn
 from PIL import Image
 from pydantic import BaseModel, Field
 
 from clef_runtime.engine.clef import Clef
-from clef_runtime.server.settings import ServerSettings
-from tests.server.conftest import build_app, free_port
+from tests.live_server import Live, first_max, systemone
 
 pytestmark = pytest.mark.slow
 
@@ -79,29 +75,6 @@ class Ticket(BaseModel):
     urgency: int = Field(ge=1, le=3, description="How urgent, 1 to 3")
 
 
-class Live:
-    def __init__(self, engine: Clef, **settings: Any) -> None:
-        port = free_port()
-        # Several run at once, and a jobs database has one owner: these need no jobs.
-        self.app = build_app(
-            ServerSettings(**{"model": "tiny", "port": port, "jobs": False, **settings}), engine
-        )
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not (self.server.started and self.app.state.runtime.state == "ready"):
-            assert time.monotonic() < deadline, "live server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Clef:
     return Clef.load("tiny", dtype="fp32")
@@ -124,18 +97,6 @@ def servers(engine: Clef) -> Iterator[dict[str, Live]]:
 @pytest.fixture(scope="module")
 def client(servers: dict[str, Live]) -> openai.OpenAI:
     return openai.OpenAI(api_key="test-key", base_url=servers["seed"].url + "/v1", max_retries=0, timeout=120)
-
-
-def systemone(live: Live, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(
-        live.url + "/v1/systemone", json=body, headers={"x-api-key": "test-key"}, timeout=120
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def first_max(probabilities: dict[str, float]) -> str:
-    return max(probabilities, key=probabilities.__getitem__)
 
 
 def test_create_with_a_raw_schema_equals_the_argmax_of_system_one(

@@ -34,3 +34,15 @@ def test_latency_ms_is_top_level_only_when_asked_for(live_fake: Callable[..., Li
     asked = live_fake(FakeClef(), latency_ms=True)
     response = httpx.post(asked.url + "/v1/systemone", json=body).json()
     assert response["latency_ms"] == response["x_latency_ms"]
+
+
+def test_the_mcp_snippet_runs_as_written(live_fake: Callable[..., LiveServer]) -> None:
+    (snippet,) = python_snippets("MCP")
+    assert "from mcp import Client" in snippet
+    served = live_fake(FakeClef())  # what `clef serve --model tiny` is, on the fake engine
+
+    listed, answered = run_snippet(snippet, served.url).splitlines()
+    assert listed == "['decide']"
+    is_error, choice = answered.split()
+    assert is_error == "False" and choice in ("billing", "tech")
+    assert len(served.engine.batches) == 1

@@ -11,8 +11,11 @@ The request, field by field:
   kept as is; a list of parts keeps its text (``text``, an assistant's ``refusal``): one text as a string,
   several as an array of strings. ``image_url`` parts (inline ``data:`` URLs) go to System One's top-level
   ``images`` list in message order, with System One's limits (4 images, 4 MiB each, 8 MiB together); a
-  message left without text is omitted from the state (it only carried images). Audio and file parts,
-  tool calls and function calls are refused.
+  message left without text is omitted from the state (it only carried images). An assistant message's
+  ``tool_calls`` (or legacy ``function_call``) are kept in its entry as ``tool_calls: [{name,
+  arguments}]`` (arguments as JSON when they parse, call ids dropped), and ``role: "tool"`` messages are
+  kept as any other message, so a client's retry with the failed call in its history and an agent's loop
+  are decided on the whole conversation. Audio and file parts are refused.
 * ``response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"?}}`` -> one
   question per property of the root object, in the schema's order, the property name as the question id:
 
@@ -32,12 +35,18 @@ The request, field by field:
 
   Anything else (free strings, numbers, nested objects, arrays, unbounded or too wide integers, a single
   allowed value) is refused with 400 naming the property.
-* ``n`` above 1, ``tools`` / ``functions``, and a request without a decidable schema (no
-  ``response_format``, ``text``, ``json_object``) are refused with 400. Sampling parameters (temperature,
-  top_p, seed, max_tokens, ...) are accepted and ignored: nothing is sampled.
+* ``tools`` with one function tool to call (see :mod:`clef_runtime.protocol.openai_tools` for the rule:
+  forced by name, or the only tool with ``tool_choice`` "required", "auto" or absent) -> the tool's
+  ``parameters`` schema is decided exactly as a ``response_format`` schema; with both, the tool is
+  called only when ``tool_choice`` is "required" or names it (with "auto" the schema is answered).
+* ``n`` above 1, the legacy ``functions``, and a request without a decidable schema (no tool, and no
+  ``response_format`` or a ``text`` / ``json_object`` one) are refused with 400. Sampling parameters
+  (temperature, top_p, seed, max_tokens, ...) are accepted and ignored: nothing is sampled.
 
 The reply is a ``chat.completion`` whose ``choices[0].message.content`` is the JSON object of the answers
-(the chosen enum value, true/false, the most probable integer), ``finish_reason`` ``"stop"``, usage with
+(the chosen enum value, true/false, the most probable integer), ``finish_reason`` ``"stop"`` (for a tool:
+``content`` null, ``tool_calls`` = one call of the tool with that object as its ``arguments``,
+``finish_reason`` ``"tool_calls"``), usage with
 ``prompt_tokens`` = the input tokens and ``completion_tokens`` 0, and ``x_decisions`` = the System One
 answers keyed by property (probabilities, confidence). A boolean is true when P(true) >= 0.5 and a score
 the first most probable level, as the System One answer's probabilities show them.
@@ -63,6 +72,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError, format_loc
+from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
 from clef_runtime.protocol.plain_errors import plain_error
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
@@ -77,6 +87,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatPlan",
     "FieldPlan",
+    "field_logprobs",
     "openai_error_body",
     "parse_chat_request",
     "schema_questions",
@@ -84,6 +95,7 @@ __all__ = [
     "to_chat_completion",
     "to_systemone",
     "translate_error_loc",
+    "typed_answers",
 ]
 
 SCHEMA_LOC: tuple[str, ...] = ("response_format", "json_schema", "schema")
@@ -137,6 +149,8 @@ class ChatCompletionRequest(BaseModel):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
     functions: list[Any] | None = None
 
 
@@ -178,6 +192,10 @@ class ChatPlan:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    tool_name: str | None = None
+    """The function tool whose call is the answer (None: the answers are the message content)."""
+    schema_loc: tuple[str | int, ...] = SCHEMA_LOC
+    """Where the decided schema sits in the request: ``response_format`` or the tool's ``parameters``."""
 
 
 # ------------------------------------------------------------------------------------------- messages
@@ -228,16 +246,48 @@ def _state_of(messages: list[Any]) -> tuple[list[dict[str, Any]] | str, list[Any
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise RequestValidationError.single((*loc, "role"), "a message needs a role", "missing")
-        for key in ("tool_calls", "function_call"):
-            if message.get(key):
-                raise RequestValidationError.single(
-                    (*loc, key), "tool and function calls are not supported", "unsupported_tools"
-                )
         pieces = _content_pieces(message.get("content"), (*loc, "content"), images, image_locs)
-        if not pieces:
+        calls = _calls_of(message, loc)
+        if not pieces and not calls:
             continue
-        state.append({"role": role, "content": pieces[0] if len(pieces) == 1 else pieces})
+        entry: dict[str, Any] = {"role": role}
+        if role == "function" and isinstance(message.get("name"), str):
+            entry["name"] = message["name"]
+        if pieces:
+            entry["content"] = pieces[0] if len(pieces) == 1 else pieces
+        if calls:
+            entry["tool_calls"] = calls
+        state.append(entry)
     return (state if state else ""), images, image_locs
+
+
+def _calls_of(message: dict[str, Any], loc: tuple[str | int, ...]) -> list[dict[str, Any]]:
+    """The tool calls an assistant message made (``tool_calls``, or the legacy ``function_call``)."""
+    raw_calls = message.get("tool_calls")
+    legacy = message.get("function_call")
+    calls: list[tuple[Any, tuple[str | int, ...]]] = []
+    if raw_calls is not None:
+        if not isinstance(raw_calls, list):
+            raise RequestValidationError.single((*loc, "tool_calls"), "tool_calls must be an array", "type")
+        for k, call in enumerate(raw_calls):
+            call_loc = (*loc, "tool_calls", k)
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                raise RequestValidationError.single(
+                    call_loc, "a tool call must be {type: function, function: {name, arguments}}", "type"
+                )
+            calls.append((function, (*call_loc, "function")))
+    if legacy is not None:
+        calls.append((legacy, (*loc, "function_call")))
+    rendered = []
+    for function, function_loc in calls:
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise RequestValidationError.single(
+                (*function_loc, "name"), "a tool call needs a name", "missing"
+            )
+        rendered.append(rendered_call(name, function.get("arguments")))
+    return rendered
 
 
 # --------------------------------------------------------------------------------------------- schema
@@ -398,25 +448,29 @@ def _field_question(
     raise _Undecidable(loc, f"property {name!r} is {what} and cannot be decided; {_SUPPORTED}")
 
 
-def schema_questions(schema: Any) -> tuple[dict[str, Any], tuple[FieldPlan, ...]]:
+def schema_questions(
+    schema: Any, loc: tuple[str | int, ...] = SCHEMA_LOC
+) -> tuple[dict[str, Any], tuple[FieldPlan, ...]]:
     """Map a JSON schema (the root object) onto System One questions, one per property in order.
 
+    ``loc``: where the schema sits in the request (a ``response_format``, a tool's ``parameters``).
     Returns ``(questions, fields)``. Raises :class:`RequestValidationError` whose locations start at
-    :data:`SCHEMA_LOC`, naming the property that cannot be decided.
+    ``loc``, naming the property that cannot be decided.
     """
+    schema_loc = loc
     errors: list[ErrorItem] = []
     try:
         if not isinstance(schema, dict):
-            raise _Undecidable(SCHEMA_LOC, "the schema must be a JSON object")
-        root = _resolve(schema, schema, SCHEMA_LOC)
+            raise _Undecidable(schema_loc, "the schema must be a JSON object")
+        root = _resolve(schema, schema, schema_loc)
         properties = root.get("properties")
         if root.get("type", "object") != "object" or not isinstance(properties, dict) or not properties:
             raise _Undecidable(
-                SCHEMA_LOC, "the schema must be an object with at least one property to decide"
+                schema_loc, "the schema must be an object with at least one property to decide"
             )
         if len(properties) > MAX_QUESTIONS:
             raise _Undecidable(
-                (*SCHEMA_LOC, "properties"),
+                (*schema_loc, "properties"),
                 f"the schema has {len(properties)} properties; at most {MAX_QUESTIONS} are decided at once",
             )
     except _Undecidable as exc:
@@ -424,7 +478,7 @@ def schema_questions(schema: Any) -> tuple[dict[str, Any], tuple[FieldPlan, ...]
     questions: dict[str, Any] = {}
     fields: list[FieldPlan] = []
     for name, prop in properties.items():
-        loc = (*SCHEMA_LOC, "properties", name)
+        loc = (*schema_loc, "properties", name)
         try:
             question, field = _field_question(name, prop, schema, loc)
         except _Undecidable as exc:
@@ -454,23 +508,31 @@ def to_systemone(request: ChatCompletionRequest) -> tuple[dict[str, Any], ChatPl
         raise RequestValidationError.single(
             ("n",), f"n must be 1: a decision has one answer (got {request.n})", "unsupported_value"
         )
-    for key in ("tools", "functions"):
-        if getattr(request, key):
-            raise RequestValidationError.single(
-                (key,),
-                f"{key} are not supported: the model answers the response_format schema only",
-                "unsupported_tools",
-            )
+    if request.functions:
+        raise RequestValidationError.single(
+            ("functions",),
+            "the legacy functions parameter is not supported: send the function as tools[0] instead",
+            "unsupported_tools",
+        )
     fmt = request.response_format
-    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None or fmt.json_schema.schema_ is None:
+    format_schema = fmt.json_schema.schema_ if fmt and fmt.type == "json_schema" and fmt.json_schema else None
+    tool = chosen_function_tool(
+        request.tools, request.tool_choice, nested=True, schema_given=format_schema is not None
+    )
+    if tool is not None:
+        schema, schema_loc = tool.parameters, tool.parameters_loc
+    elif format_schema is not None:
+        schema, schema_loc = format_schema, SCHEMA_LOC
+    else:
         given = "none" if fmt is None else repr(fmt.type)
         raise RequestValidationError.single(
             ("response_format",),
-            "a decision needs response_format {type: 'json_schema', json_schema: {name, schema}} whose "
-            f"properties are enums, booleans or bounded integers (got response_format {given})",
+            "a decision needs response_format {type: 'json_schema', json_schema: {name, schema}}, or one "
+            "function tool, whose properties are enums, booleans or bounded integers (got response_format "
+            f"{given})",
             "missing_schema",
         )
-    questions, fields = schema_questions(fmt.json_schema.schema_)
+    questions, fields = schema_questions(schema, schema_loc)
     state, images, image_locs = _state_of(request.messages)
     body: dict[str, Any] = {"state": state, "questions": questions}
     if images:
@@ -484,6 +546,8 @@ def to_systemone(request: ChatCompletionRequest) -> tuple[dict[str, Any], ChatPl
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         logprobs=bool(request.logprobs),
+        tool_name=None if tool is None else tool.name,
+        schema_loc=schema_loc,
     )
     return body, plan
 
@@ -495,7 +559,7 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ChatPlan) -> tuple[Any, ...]
     if not loc:
         return loc
     if loc[0] == "questions" and len(loc) >= 2:
-        return (*SCHEMA_LOC, "properties", loc[1])
+        return (*plan.schema_loc, "properties", loc[1])
     if loc[0] == "images" and len(loc) >= 2 and isinstance(loc[1], int) and loc[1] < len(plan.image_locs):
         return plan.image_locs[loc[1]]
     if loc[0] in ("state", "images"):
@@ -506,9 +570,11 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ChatPlan) -> tuple[Any, ...]
 # ------------------------------------------------------------------------------------------- response
 
 
-def _typed_answers(answers: dict[str, Any], plan: ChatPlan) -> dict[str, Any]:
+def typed_answers(answers: dict[str, Any], fields: tuple[FieldPlan, ...]) -> dict[str, Any]:
+    """The JSON object of the answers, one typed value per field: the chosen enum value, true when
+    P(true) >= 0.5, the first most probable integer."""
     out: dict[str, Any] = {}
-    for field in plan.fields:
+    for field in fields:
         answer = answers[field.name]
         if field.kind == "boolean":
             out[field.name] = answer["noul"] >= 0.5
@@ -530,9 +596,12 @@ def _token(value: Any, p: float) -> dict[str, Any]:
     return {"token": text, "logprob": _logprob(p), "bytes": list(text.encode("utf-8"))}
 
 
-def _logprobs(answers: dict[str, Any], typed: dict[str, Any], plan: ChatPlan) -> dict[str, Any]:
+def field_logprobs(
+    answers: dict[str, Any], typed: dict[str, Any], fields: tuple[FieldPlan, ...]
+) -> list[dict[str, Any]]:
+    """One logprobs entry per field (see the module docstring): the chosen value, every allowed value."""
     content = []
-    for field in plan.fields:
+    for field in fields:
         answer = answers[field.name]
         if field.kind == "boolean":
             p_true = float(answer["noul"])
@@ -546,7 +615,7 @@ def _logprobs(answers: dict[str, Any], typed: dict[str, Any], plan: ChatPlan) ->
         entry["top_logprobs"] = [_token(value, p) for value, p in options]
         entry["x_field"] = field.name
         content.append(entry)
-    return {"content": content, "refusal": None}
+    return content
 
 
 def _usage(systemone: dict[str, Any]) -> dict[str, Any]:
@@ -571,7 +640,14 @@ def to_chat_completion(
     Raises KeyError only for a malformed engine response (a server bug).
     """
     answers = systemone["answers"]
-    typed = _typed_answers(answers, plan)
+    typed = typed_answers(answers, plan.fields)
+    arguments = json.dumps(typed, ensure_ascii=False)
+    message: dict[str, Any] = {"role": "assistant", "content": arguments, "refusal": None}
+    if plan.tool_name is not None:
+        call_id = "call_" + completion_id.removeprefix("chatcmpl-")
+        function = {"name": plan.tool_name, "arguments": arguments}
+        message["content"] = None
+        message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
@@ -580,13 +656,13 @@ def to_chat_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": json.dumps(typed, ensure_ascii=False),
-                    "refusal": None,
-                },
-                "logprobs": _logprobs(answers, typed, plan) if plan.logprobs else None,
-                "finish_reason": "stop",
+                "message": message,
+                "logprobs": (
+                    {"content": field_logprobs(answers, typed, plan.fields), "refusal": None}
+                    if plan.logprobs
+                    else None
+                ),
+                "finish_reason": "stop" if plan.tool_name is None else "tool_calls",
             }
         ],
         "usage": _usage(systemone),
@@ -600,7 +676,9 @@ def to_chat_completion(
 
 def to_chat_chunks(completion: dict[str, Any], plan: ChatPlan) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed reply: one chunk with the whole content (and
-    ``finish_reason`` "stop"), then, with ``stream_options.include_usage``, a usage chunk with no choices.
+    ``finish_reason`` "stop"), or for a tool call one chunk with the whole call and one with
+    ``finish_reason`` "tool_calls"; then, with ``stream_options.include_usage``, a usage chunk with no
+    choices.
     The caller sends each as an SSE ``data:`` event, then ``data: [DONE]``."""
     choice = completion["choices"][0]
     extras = {k: v for k, v in completion.items() if k.startswith("x_")}
@@ -611,21 +689,32 @@ def to_chat_chunks(completion: dict[str, Any], plan: ChatPlan) -> list[dict[str,
         "model": completion["model"],
         "system_fingerprint": None,
     }
+    message = choice["message"]
+    if plan.tool_name is None:
+        delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+        finish_reason: str | None = "stop"
+    else:
+        # As OpenAI streams a call: its index, id, name and arguments first, the finish reason after.
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        delta, finish_reason = {"role": "assistant", "content": None, "tool_calls": calls}, None
     chunks = [
         {
             **base,
             "choices": [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": choice["message"]["content"]},
-                    "logprobs": choice["logprobs"],
-                    "finish_reason": "stop",
-                }
+                {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": finish_reason}
             ],
             "usage": None,
             **extras,
         }
     ]
+    if finish_reason is None:
+        chunks.append(
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}],
+                "usage": None,
+            }
+        )
     if plan.include_usage:
         chunks.append({**base, "choices": [], "usage": completion["usage"]})
     return chunks

@@ -25,17 +25,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from clef_runtime.protocol.decisions import DecisionsRequest
 from clef_runtime.protocol.images import add_image_fields
 from clef_runtime.protocol.openai_chat import ChatCompletionRequest
+from clef_runtime.protocol.openai_responses import ResponsesRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
 from clef_runtime.server.handling import RATE_LIMIT_HEADERS_STATE
 from clef_runtime.server.jobs import JobsService
+from clef_runtime.server.mcp_http import McpEndpoint
 from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.openai_errors import openai_shaped_paths
 from clef_runtime.server.routes_chat import router as chat_router
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
 from clef_runtime.server.routes_pages import router as pages_router
+from clef_runtime.server.routes_responses import router as responses_router
 from clef_runtime.server.routes_systemone import router as systemone_router
 from clef_runtime.server.routes_workers_ai import router as workers_ai_router
 from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
@@ -53,7 +57,7 @@ _QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/status.json"})
 _DESCRIPTION = """\
 Clef decision models behind the **System One** API (`POST /v1/systemone`, the API of TypeSafe's Jev),
 its OpenAI-shaped sibling (`POST /v1/decisions`), OpenAI structured outputs (`POST /v1/chat/completions`
-with a JSON schema) and Cloudflare Workers AI's route
+with a JSON schema, and OpenAI's Responses API, `POST /v1/responses`) and Cloudflare Workers AI's route
 (`POST /client/v4/accounts/{id}/ai/run/@cf/cloudflare/clef-flash`).
 
 Request bodies may be compressed with `Content-Encoding: zstd`, `gzip` or `deflate`; responses of at least
@@ -167,7 +171,7 @@ def _install_openapi(app: FastAPI) -> None:
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         ref_template = "#/components/schemas/{model}"
-        for model in (SystemOneRequest, DecisionsRequest, ChatCompletionRequest):
+        for model in (SystemOneRequest, DecisionsRequest, ChatCompletionRequest, ResponsesRequest):
             model_schema = model.model_json_schema(ref_template=ref_template)
             components.update(model_schema.pop("$defs", {}))
             components[model.__name__] = model_schema
@@ -206,20 +210,22 @@ def create_app(
     )
     # Opened now, so a damaged or foreign jobs database stops the server before it listens.
     jobs = JobsService.open(settings, runtime) if settings.jobs else None
+    mcp = McpEndpoint(settings)  # POST /mcp: the decide tool over MCP, through the same decision flow
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime.start_loading()
         if jobs is not None:
             jobs.start_when_ready()
-        try:
-            yield
-        finally:
-            # Runs after uvicorn has finished every accepted request. Job lines in flight finish or stay
-            # unanswered (resumed after a restart); then the engine loop drains the interactive requests.
-            if jobs is not None:
-                await anyio.to_thread.run_sync(jobs.stop)
-            await anyio.to_thread.run_sync(runtime.stop)
+        async with mcp.running():
+            try:
+                yield
+            finally:
+                # Runs after uvicorn has finished every accepted request. Job lines in flight finish or stay
+                # unanswered (resumed after a restart); then the engine loop drains the interactive requests.
+                if jobs is not None:
+                    await anyio.to_thread.run_sync(jobs.stop)
+                await anyio.to_thread.run_sync(runtime.stop)
 
     app = FastAPI(
         title="clef-runtime",
@@ -234,18 +240,21 @@ def create_app(
     app.state.runtime = runtime
     app.state.metrics = metrics
     app.state.jobs = jobs
-    install_error_handlers(app)
+    install_error_handlers(app, openai_shaped_paths)
     app.include_router(systemone_router)
     app.include_router(decisions_router)
     app.include_router(chat_router)
+    app.include_router(responses_router)
     app.include_router(workers_ai_router)
     app.include_router(info_router)
     app.include_router(jobs_router)
     app.include_router(pages_router)
+    app.router.routes.append(mcp.route())
     routers = (
         systemone_router,
         decisions_router,
         chat_router,
+        responses_router,
         workers_ai_router,
         info_router,
         jobs_router,

@@ -32,6 +32,7 @@ __all__ = [
     "ApiError",
     "ClientGone",
     "ErrorShaper",
+    "PathShaper",
     "as_api_error",
     "error_body",
     "install_error_handlers",
@@ -191,14 +192,20 @@ def shaped_errors_route(shaper: ErrorShaper) -> type[APIRoute]:
     return ShapedErrorsRoute
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that give every error the shapes above."""
+PathShaper = Callable[[Request, int], "ErrorShaper | None"]
+"""Which shaper renders an HTTP error (404 no route, 405 wrong method) raised before any endpoint ran, by
+the request's path and status: None for the default shape."""
+
+
+def install_error_handlers(app: FastAPI, path_shaper: PathShaper | None = None) -> None:
+    """Register the handlers that give every error the shapes above (``path_shaper``: another API's shape
+    for the HTTP errors of the paths it speaks for)."""
 
     async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
         return exc.response()
 
-    async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    async def handle_http_exception(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         error_type = _STATUS_ERROR_TYPES.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
@@ -206,9 +213,9 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-        return JSONResponse(
-            error_body(error_type, message), status_code=exc.status_code, headers=dict(exc.headers or {})
-        )
+        error = ApiError(exc.status_code, error_type, message, headers=dict(exc.headers or {}))
+        shaper = path_shaper(request, exc.status_code) if path_shaper is not None else None
+        return error.response() if shaper is None else shaper(error)
 
     async def handle_fastapi_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, FastAPIValidationError)

@@ -101,9 +101,18 @@ def _error(exc: RequestValidationError, mapping: WireMapping[PlanT], plan: tuple
     return from_protocol_error(exc)
 
 
-async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Response:
+_READ_THE_BODY: Any = object()
+"""`answer_decision`'s default ``data``: read the request's own body."""
+
+
+async def answer_decision(
+    request: Request, mapping: WireMapping[PlanT], *, data: Any = _READ_THE_BODY
+) -> Response:
     """Answer one decision request of a route: validate, map, encode (off the event loop), queue for the
     engine, map the decision's System One body back, add the ``x_`` extras and headers.
+
+    ``data`` is the route's body already decoded, for a caller whose HTTP body is an envelope around it (an
+    MCP tool call's arguments); by default the request's body is read and decoded here.
 
     Returns the JSON response (499 when the client went away). Raises `ApiError` (401, 400/413/415 for the
     body, 422/413 for validation, 429, 503) for the error handlers.
@@ -113,7 +122,8 @@ async def answer_decision(request: Request, mapping: WireMapping[PlanT]) -> Resp
     runtime.require_ready()
     plan: tuple[PlanT] | None = None  # boxed: a plan may itself be None
     try:
-        data = await read_json_body(request)
+        if data is _READ_THE_BODY:
+            data = await read_json_body(request)
         body, mapped = mapping.to_systemone(data)
         plan = (mapped,)
         prepared = await runtime.prepare(body)

@@ -8,72 +8,34 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
+from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.openai_chat import (
     ChatPlan,
-    error_param,
-    openai_error_body,
     parse_chat_request,
     to_chat_chunks,
     to_chat_completion,
     to_systemone,
     translate_error_loc,
 )
-from clef_runtime.server.errors import ApiError, shaped_errors_route, validation_error
+from clef_runtime.server.errors import ApiError, shaped_errors_route
 from clef_runtime.server.flow import Reply, WireMapping, answer_decision
+from clef_runtime.server.openai_errors import (
+    OPENAI_ERROR_RESPONSES,
+    openai_error_doc,
+    openai_error_response,
+    openai_validation_error,
+)
 from clef_runtime.server.openapi_docs import CHAT_DESCRIPTION, chat_request_body
 
-__all__ = ["CHAT", "openai_error_response", "router"]
-
-
-def openai_error_response(error: ApiError) -> Response:
-    """An error in OpenAI's shape. Validation errors (422 elsewhere) are 400 as OpenAI answers them, with
-    ``param`` naming the field and ``code`` the problem (``context_length_exceeded`` for an input over the
-    token limit); other statuses are kept, with their error type."""
-    status, error_type, code, param = error.status, error.error_type, None, None
-    message = error.message
-    if error.validation:
-        first = error.validation[0]
-        param = error_param(tuple(first.get("loc", ())))
-        code = str(first.get("type", "invalid_value"))
-        message = f"{param or 'body'}: {first.get('msg', '')}"
-        if len(error.validation) > 1:
-            message += f" (and {len(error.validation) - 1} more)"
-        status, error_type = 400, "invalid_request_error"
-        if code == "json_invalid":
-            param = None  # the location is a character position in the body, not a field
-            message = str(first.get("msg", ""))
-    elif status == 401:
-        error_type, code = "invalid_request_error", "invalid_api_key"
-    return JSONResponse(
-        openai_error_body(message, error_type, param, code), status_code=status, headers=error.headers
-    )
-
+__all__ = ["CHAT", "router"]
 
 router = APIRouter(route_class=shaped_errors_route(openai_error_response))
-
-_OPENAI_ERROR = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-            "required": ["message", "type", "param", "code"],
-        }
-    },
-    "required": ["error"],
-}
-
 
 _SSE_EVENT: dict[str, Any] = {
     "type": "object",
@@ -83,10 +45,6 @@ _SSE_EVENT: dict[str, Any] = {
     },
     "required": ["data"],
 }
-
-
-def _error_doc(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": _OPENAI_ERROR}}}
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -100,26 +58,16 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
             "text/event-stream": {"schema": _SSE_EVENT},
         },
     },
-    400: _error_doc("Invalid request, undecidable schema property, n > 1, tools, no schema (param names it)"),
-    401: _error_doc("Missing or wrong API key (auth on)"),
-    413: _error_doc("Body over --max-body-bytes"),
-    415: _error_doc("Unsupported Content-Encoding, multipart body, or a form-typed body that is not JSON"),
-    429: _error_doc("Queue full; see Retry-After"),
-    500: _error_doc("Internal error; the message names the request id"),
-    503: _error_doc("Model not loaded yet (or shutting down); see Retry-After"),
+    400: openai_error_doc(
+        "Invalid request, undecidable schema property, n > 1, several tools and none named, no schema "
+        "(param names it)"
+    ),
+    **OPENAI_ERROR_RESPONSES,
 }
 
 
 def _chat_error(exc: RequestValidationError, plan: ChatPlan | None) -> ApiError:
-    """``exc`` with System One locations translated to the chat request's fields; an input over the token
-    limit becomes OpenAI's 400 ``context_length_exceeded`` naming ``messages``."""
-    errors = exc.errors
-    if plan is not None:
-        errors = [{**err, "loc": translate_error_loc(tuple(err["loc"]), plan)} for err in exc.errors]
-    if isinstance(exc, InputTooLongError):
-        first = {**errors[0], "type": "context_length_exceeded"}
-        return ApiError(400, "invalid_request_error", str(first["msg"]), validation=[first])
-    return validation_error(errors)
+    return openai_validation_error(exc, None if plan is None else partial(translate_error_loc, plan=plan))
 
 
 def _to_systemone(data: Any) -> tuple[dict[str, Any], ChatPlan]:

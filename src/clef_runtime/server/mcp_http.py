@@ -1,0 +1,138 @@
+"""``POST /mcp``: the ``decide`` tool (`clef_runtime.server.mcp_tool`) over MCP's Streamable HTTP transport,
+stateless, with JSON responses (no SSE stream, no session: any replica can answer any POST).
+
+Every request is authenticated before the SDK sees it (401 like every route with ``--api-key``); a
+``tools/call`` of ``decide`` then runs the server's one decision flow (`clef_runtime.server.flow`) with the
+tool's arguments as the System One body, so it is rate-limited (one request of the caller's
+``--rate-limit`` per call; ``initialize`` and ``tools/list`` are not charged), batched, cached, measured and
+timed like ``POST /v1/systemone``, and answers the same body. The transport: the MCP specification's
+"Streamable HTTP" (https://modelcontextprotocol.io/specification/2025-06-18/basic/transports), served by the
+official SDK's session manager.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from mcp.server import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from clef_runtime.protocol.errors import ClefError
+from clef_runtime.server.errors import ApiError
+from clef_runtime.server.flow import SYSTEMONE, answer_decision
+from clef_runtime.server.handling import authenticate, note
+from clef_runtime.server.mcp_tool import mcp_server
+from clef_runtime.server.settings import ServerSettings
+
+__all__ = ["MCP_PATH", "McpEndpoint"]
+
+MCP_PATH = "/mcp"
+
+logger = logging.getLogger("clef_runtime.server")
+
+
+def _check_origin(request: Request) -> None:
+    """Refuse a browser's cross-origin call: the transport's specification requires servers to validate
+    ``Origin`` against DNS rebinding (a page on another site reaching a server on the user's loopback).
+    Clients that are not browsers send no ``Origin``; a page served by this server has its own origin.
+
+    Raises `ApiError` 403 when ``Origin`` names another host than the request's ``Host``."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    origin_host = urlsplit(origin).netloc.lower()
+    if not origin_host or origin_host != request.headers.get("host", "").lower():
+        raise ApiError(
+            403,
+            "forbidden_origin",
+            f"Origin {origin!r} is not this server ({request.headers.get('host', '')!r}): MCP over HTTP "
+            "refuses cross-origin browser calls (DNS rebinding protection)",
+        )
+
+
+async def _decide_in_the_flow(
+    arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
+) -> dict[str, Any]:
+    """Answer a ``decide`` call through `answer_decision`, on the HTTP request that carried it (the SDK hands
+    it over in the tool's context): auth, the caller's rate limit, readiness, validation, the engine, metrics
+    and the ``x_`` extras are the System One route's. Raises `ApiError` for a refused call."""
+    request = ctx.request
+    if not isinstance(request, Request):
+        raise TypeError(f"an MCP call over HTTP carries its Starlette request, got {type(request).__name__}")
+    try:
+        response = await answer_decision(request, SYSTEMONE, data=arguments)
+    except (ApiError, ClefError):
+        raise
+    except Exception:
+        # What the other routes answer with a 500 (the middleware's), here as the call's tool error.
+        request_id = getattr(request.state, "request_id", "?")
+        logger.exception("request_id=%s internal error", request_id)
+        note(request, error_type="internal_error")
+        raise ApiError(
+            500, "internal_error", f"internal server error; quote request id {request_id} when reporting it"
+        ) from None
+    if response.status_code != 200:
+        # The flow's only non-error answer besides 200: the client went away (499, never delivered).
+        raise ApiError(response.status_code, "client_closed_request", "the client closed the connection")
+    answer: dict[str, Any] = json.loads(bytes(response.body))
+    return answer
+
+
+class McpEndpoint:
+    """The ASGI endpoint of ``POST /mcp``: authentication, then the SDK's stateless Streamable HTTP
+    transport in JSON-response mode. `running` must be entered for the app's lifespan (the transport runs
+    each call in a task group of its own)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self._server = mcp_server(_decide_in_the_flow)
+        self._max_body_bytes = settings.max_body_bytes
+        self._manager: StreamableHTTPSessionManager | None = None
+
+    def route(self) -> Route:
+        """The ``POST /mcp`` route (not in the OpenAPI schema: its body is JSON-RPC, described by MCP).
+        Other methods get 405: a stateless server offers no GET stream and has no session to DELETE."""
+        return Route(MCP_PATH, endpoint=self, methods=["POST"], include_in_schema=False)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run the transport for the app's lifespan. A session manager runs once, so each lifespan (a test
+        may start an app twice) gets a new one."""
+        manager = StreamableHTTPSessionManager(
+            app=self._server,
+            json_response=True,
+            stateless=True,
+            max_request_body_size=self._max_body_bytes,
+        )
+        async with manager.run():
+            self._manager = manager
+            try:
+                yield
+            finally:
+                self._manager = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            _check_origin(request)
+            # Before any MCP processing: a caller without a valid key learns nothing, not even the tool list.
+            authenticate(request)
+        except ApiError as error:
+            note(request, error_type=error.error_type)
+            await error.response()(scope, receive, send)
+            return
+        manager = self._manager
+        if manager is None:
+            error = ApiError(
+                503, "not_ready", "the server is starting or shutting down", headers={"Retry-After": "2"}
+            )
+            await error.response()(scope, receive, send)
+            return
+        await manager.handle_request(scope, receive, send)

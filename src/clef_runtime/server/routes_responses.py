@@ -1,0 +1,89 @@
+"""``POST /v1/responses``: OpenAI's Responses API with a JSON schema or a function tool, as one Clef decision.
+
+The mapping lives in :mod:`clef_runtime.protocol.openai_responses`; this route runs it on the System One
+flow (auth, limits, batching, state cache, metrics) and renders every error in OpenAI's shape, as the chat
+completions route does.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.protocol.openai_responses import (
+    ResponsesPlan,
+    parse_responses_request,
+    to_response,
+    to_systemone,
+    translate_error_loc,
+)
+from clef_runtime.server.errors import ApiError, shaped_errors_route
+from clef_runtime.server.flow import Reply, WireMapping, answer_decision
+from clef_runtime.server.openai_errors import (
+    OPENAI_ERROR_RESPONSES,
+    openai_error_doc,
+    openai_error_response,
+    openai_validation_error,
+)
+from clef_runtime.server.openapi_docs import (
+    RESPONSES_DESCRIPTION,
+    RESPONSES_REPLY_EXAMPLE,
+    responses_request_body,
+)
+
+__all__ = ["RESPONSES", "router"]
+
+router = APIRouter(route_class=shaped_errors_route(openai_error_response))
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A Response object: output holds one message (its output_text = the JSON object of "
+        "the answers) or one function_call; x_decisions = the System One answers",
+        "content": {"application/json": {"schema": {"type": "object"}, "example": RESPONSES_REPLY_EXAMPLE}},
+    },
+    400: openai_error_doc(
+        "Invalid request, undecidable schema property, no schema, several tools and none named, "
+        "stream: true, previous_response_id / conversation / prompt (nothing is stored), n > 1 (param "
+        "names the field)"
+    ),
+    **OPENAI_ERROR_RESPONSES,
+}
+
+
+def _responses_error(exc: RequestValidationError, plan: ResponsesPlan | None) -> ApiError:
+    return openai_validation_error(exc, None if plan is None else partial(translate_error_loc, plan=plan))
+
+
+def _to_systemone(data: Any) -> tuple[dict[str, Any], ResponsesPlan]:
+    return to_systemone(parse_responses_request(data))
+
+
+def _response(answer: dict[str, Any], plan: ResponsesPlan, reply: Reply) -> dict[str, Any]:
+    return to_response(
+        answer, plan, request_id=reply.request_id, created=0 if reply.deterministic else int(time.time())
+    )
+
+
+RESPONSES: WireMapping[ResponsesPlan] = WireMapping(
+    to_systemone=_to_systemone, from_systemone=_response, error=_responses_error
+)
+"""``/v1/responses`` onto System One: the text format's or the chosen tool's decidable properties."""
+
+
+@router.post(
+    "/v1/responses",
+    summary="OpenAI Responses API: a JSON schema's or function tool's enum/boolean/bounded-integer fields, "
+    "decided at once",
+    response_model=None,
+    responses=_RESPONSES,
+    description=RESPONSES_DESCRIPTION,
+    openapi_extra=responses_request_body(),
+)
+async def responses(request: Request) -> Response:
+    """Map the request onto System One, answer it, reply with a Response object."""
+    return await answer_decision(request, RESPONSES)

@@ -1,0 +1,161 @@
+"""``clef mcp``: the ``decide`` tool over stdio, driven by the official ``mcp`` client's stdio transport
+spawning ``python -m clef_runtime.cli mcp --model tiny``: the same tool as ``POST /mcp`` lists, answers equal
+to the engine's (what ``clef decide`` prints), bad bodies as tool errors naming the field, logs on stderr
+only; and the command's flags, usage errors and a model that cannot load."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.session import IncomingMessage
+from mcp.client.stdio import stdio_client
+
+from clef_runtime.engine.clef import Clef
+from clef_runtime.options import ENGINE_OPTIONS
+from clef_runtime.server.mcp_tool import DECIDE_TOOL
+from tests.helpers import run_cli
+from tests.test_options import subcommand_flags
+
+REQUEST: dict[str, Any] = {
+    "state": {"ticket": "Charged twice, please refund today."},
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Is a refund requested?"},
+        "team": {"type": "choice", "criteria": {"billing": "charges, refunds", "tech": None}},
+        "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
+    },
+}
+BAD_REQUEST: dict[str, Any] = {"state": "s", "questions": {"q": {"type": "score", "criteria": {"0": "low"}}}}
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_clef_mcp_takes_every_engine_option() -> None:
+    flags = subcommand_flags("mcp")
+    assert "--model" in flags
+    assert {option.flag for option in ENGINE_OPTIONS} <= flags
+
+
+def test_engine_flags_and_variables_reach_the_loaded_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clef_runtime.model.kernels as kernels
+    from clef_runtime.engine import clef as engine_clef
+    from clef_runtime.options import EngineOptions
+    from clef_runtime.server import mcp_stdio
+
+    threads: list[dict[str, Any]] = []
+    loads: list[tuple[str, EngineOptions]] = []
+    monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: threads.append(k) or 2)
+    monkeypatch.setattr(engine_clef.Clef, "load", lambda model, options: loads.append((model, options)))
+    monkeypatch.setattr(mcp_stdio, "serve_stdio", lambda load: load() or 0)  # load as serving would
+    monkeypatch.setenv("CLEF_PREFILL_CHUNK", "64")
+    done = run_cli("mcp", "--model", "tiny", "--cache-mb", "0", "--weights", "fp32", "--image-mode", "g256")
+    assert done.returncode == 0, done.stderr
+    ((model, options),) = loads
+    assert model == "tiny"
+    assert (options.cache_mb, options.weights, options.image_mode) == (0, "fp32", "g256")
+    assert options.prefill_chunk == 64
+    # The model computes on the server's engine thread, which starts its own CPU thread team: none here.
+    assert threads == [{"start_pool": False}]
+
+
+def test_a_bad_engine_option_is_a_usage_error_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clef_runtime.model.kernels as kernels
+    from clef_runtime.server import mcp_stdio
+
+    monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: 2)
+    monkeypatch.setattr(mcp_stdio, "serve_stdio", lambda load: pytest.fail("served despite a bad option"))
+    done = run_cli("mcp", "--model", "tiny", "--weights", "nope")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "--weights" in done.stderr
+
+
+def test_the_readmes_desktop_agent_config_launches_clef_mcp() -> None:
+    from clef_runtime.cli import build_parser
+
+    section = re.search(r"^### MCP\n(.*?)(?=^#+ )", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    assert section is not None
+    (config,) = re.findall(r"^```json\n(.*?)^```", section.group(1), flags=re.S | re.M)
+    (server,) = json.loads(config)["mcpServers"].values()
+    assert Path(server["command"]).name == "clef"
+    args = build_parser().parse_args(server["args"])
+    assert args.command == "mcp"
+
+
+async def _session_of_calls(errlog: io.TextIOBase) -> tuple[list[mcp_types.Tool], list[Any], list[Any]]:
+    """Spawn ``clef mcp --model tiny`` through the client's stdio transport; list the tools and call
+    ``decide`` with a good and a bad request. Returns (tools, results, anything on stdout that was not a
+    protocol message)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "clef_runtime.cli", "mcp", "--model", "tiny"],
+        # The test run's settings (its cache directory, fp32 compute) reach the server as they reach the CLI.
+        env=dict(os.environ),
+    )
+    stray: list[Any] = []
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, Exception):  # a line on stdout that is not JSON-RPC
+            stray.append(message)
+
+    async with (
+        stdio_client(params, errlog=errlog) as (read, write),
+        ClientSession(read, write, message_handler=on_message) as session,
+    ):
+        await session.initialize()
+        tools = (await session.list_tools()).tools
+        results = [await session.call_tool("decide", REQUEST), await session.call_tool("decide", BAD_REQUEST)]
+    return tools, results, stray
+
+
+@pytest.mark.slow  # a new interpreter loads the tiny model
+def test_clef_mcp_serves_decide_on_stdio_with_the_engines_answers(tiny: Clef, tmp_path: Path) -> None:
+    log_path = tmp_path / "stderr.log"
+    with log_path.open("w+", encoding="utf-8") as errlog:
+        tools, (good, bad), stray = asyncio.run(_session_of_calls(errlog))
+    assert tools == [DECIDE_TOOL]  # the definition POST /mcp lists
+
+    assert not good.is_error
+    # A fresh engine on the same weights and options: its state cache starts empty, as the server's did.
+    expected = Clef(tiny.model, tiny.options).decide(REQUEST)
+    assert good.structured_content == expected
+    assert json.loads(good.content[0].text) == expected
+
+    assert bad.is_error
+    text = bad.content[0].text
+    assert text.startswith("invalid request: questions.q.criteria: "), text
+
+    # Logs went to stderr, and stdout carried protocol messages only.
+    assert stray == []
+    log = log_path.read_text(encoding="utf-8")
+    assert "untrained" in log and "serving the decide tool on stdio" in log
+
+
+@pytest.mark.slow  # a new interpreter
+def test_a_model_that_cannot_load_ends_clef_mcp_with_status_1(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with subprocess.Popen(
+        [sys.executable, "-m", "clef_runtime.cli", "mcp", "--model", str(missing)],
+        stdin=subprocess.PIPE,  # held open: the server does not stop for want of a client
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        status = process.wait(timeout=300)
+        assert process.stdout is not None and process.stderr is not None
+        stdout, stderr = process.stdout.read(), process.stderr.read()
+        assert process.stdin is not None
+        process.stdin.close()
+    assert status == 1, stderr
+    assert stdout == ""
+    assert "Traceback" not in stderr
+    assert str(missing) in stderr
