@@ -254,8 +254,15 @@ def test_bad_requests_are_openai_errors_naming_the_field(sdk: openai.OpenAI) -> 
     assert "free string" in error.message
     error = _refused(sdk, tools=[{**TOOL, "parameters": undecidable}], tool_choice="required")
     assert error.param == "tools[0].parameters.properties.note"
-    assert _refused(sdk, tools=[TOOL, {**TOOL, "name": "other"}]).param == "tool_choice"
-    assert _refused(sdk, tools=[{"type": "web_search"}]).param == "tools[0].type"
+    assert (
+        _refused(sdk, tools=[TOOL, {**TOOL, "name": "other"}], tool_choice="required").param == "tool_choice"
+    )
+    assert _refused(sdk, tools=[{"type": "web_search"}], tool_choice="required").param == "tools[0].type"
+    # With "auto" next to a text format the format is answered: the tools are not looked at.
+    answered = sdk.responses.create(
+        model="tiny", input=USER, text=TEXT_FORMAT, tools=[{"type": "web_search"}]
+    )
+    assert answered.output[0].type == "message"
     assert _refused(sdk, text={"format": {"type": "text"}}).param == "text.format"
     assert _refused(sdk, text={"format": {"type": "json_object"}}).code == "missing_schema"
     error = _refused(sdk, previous_response_id="resp_1")
