@@ -72,6 +72,20 @@ def without_latency(answer: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in answer.items() if key != "x_latency_ms"}
 
 
+# A raw initialize request, as a client's first POST (for the checks done before the SDK sees it).
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+JSON_ACCEPT = {"accept": "application/json, text/event-stream"}
+
+
 @pytest.mark.parametrize("era", ERAS)
 def test_the_server_lists_one_tool_whose_input_is_the_system_one_request(
     live_fake: Callable[..., LiveServer], era: str
@@ -147,20 +161,9 @@ def test_an_engine_failure_is_a_tool_error_not_an_http_error(live_fake: Callable
 
 def test_without_the_key_mcp_is_401_before_any_mcp_processing(live_fake: Callable[..., LiveServer]) -> None:
     served = live_fake(FakeClef(), api_keys=("mcp-key",))
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    headers = {"accept": "application/json, text/event-stream"}
     for key in (None, "wrong-key"):
-        sent = {**headers, **({"authorization": f"Bearer {key}"} if key else {})}
-        response = httpx.post(served.url + "/mcp", json=initialize, headers=sent, timeout=30)
+        sent = {**JSON_ACCEPT, **({"authorization": f"Bearer {key}"} if key else {})}
+        response = httpx.post(served.url + "/mcp", json=INITIALIZE, headers=sent, timeout=30)
         assert response.status_code == 401, response.text
         assert response.json()["detail"]["error_type"] == "authentication_error"
     # The real client without the key gets nowhere (its error comes out of its task groups); with it, it
@@ -220,21 +223,12 @@ def test_a_cross_origin_browser_call_is_refused_and_a_same_origin_one_is_not(
     live_fake: Callable[..., LiveServer],
 ) -> None:
     served = live_fake(FakeClef())
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    headers = {"accept": "application/json, text/event-stream"}
     host = served.url.removeprefix("http://")
     evil = httpx.post(
-        served.url + "/mcp", json=initialize, headers={**headers, "origin": "http://evil.example"}
+        served.url + "/mcp", json=INITIALIZE, headers={**JSON_ACCEPT, "origin": "http://evil.example"}
     )
     assert evil.status_code == 403 and evil.json()["detail"]["error_type"] == "forbidden_origin"
-    own = httpx.post(served.url + "/mcp", json=initialize, headers={**headers, "origin": f"http://{host}"})
+    own = httpx.post(
+        served.url + "/mcp", json=INITIALIZE, headers={**JSON_ACCEPT, "origin": f"http://{host}"}
+    )
     assert own.status_code == 200 and own.json()["result"]["serverInfo"]

@@ -69,11 +69,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError, format_loc
 from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
-from clef_runtime.protocol.plain_errors import plain_error
+from clef_runtime.protocol.plain_errors import validate_object
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
     MAX_QUESTIONS,
@@ -83,13 +83,17 @@ from clef_runtime.protocol.systemone import (
 )
 
 __all__ = [
+    "CHAT_PARTS",
     "SCHEMA_LOC",
     "ChatCompletionRequest",
     "ChatPlan",
     "FieldPlan",
+    "PartKinds",
+    "content_pieces",
     "field_logprobs",
     "openai_error_body",
     "parse_chat_request",
+    "route_error_loc",
     "schema_questions",
     "to_chat_chunks",
     "to_chat_completion",
@@ -160,12 +164,7 @@ def parse_chat_request(data: Any) -> ChatCompletionRequest:
 
     Returns the request. Raises :class:`RequestValidationError` naming each bad field.
     """
-    if not isinstance(data, dict):
-        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
-    try:
-        return ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(plain_error(e) for e in exc.errors()) from None
+    return validate_object(ChatCompletionRequest, data)
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -201,10 +200,37 @@ class ChatPlan:
 # ------------------------------------------------------------------------------------------- messages
 
 
-def _content_pieces(
-    content: Any, loc: tuple[str | int, ...], images: list[Any], image_locs: list[tuple[str | int, ...]]
+@dataclass(frozen=True)
+class PartKinds:
+    """The content-part types of one OpenAI API: Chat Completions' (`CHAT_PARTS`) or the Responses API's."""
+
+    text: tuple[str, ...]
+    """Parts whose ``text`` is kept."""
+    image: str
+    """The image part's type (its part goes to System One's ``images``)."""
+    unsupported: tuple[str, ...]
+    """Known part types that cannot be decided (refused as ``unsupported_part``)."""
+    shape: str
+    """How a valid part looks, for the error message."""
+
+
+CHAT_PARTS = PartKinds(
+    text=("text",),
+    image="image_url",
+    unsupported=("input_audio", "file"),
+    shape="{type: text, text} or {type: image_url, image_url: {url}}",
+)
+
+
+def content_pieces(
+    content: Any,
+    loc: tuple[str | int, ...],
+    images: list[Any],
+    image_locs: list[tuple[str | int, ...]],
+    kinds: PartKinds = CHAT_PARTS,
 ) -> list[str]:
-    """The texts of one message's content; image parts are appended to ``images``."""
+    """The texts of one message's content (a string, or parts of ``kinds``; an assistant's ``refusal``
+    parts count as text); image parts are appended to ``images`` and their locations to ``image_locs``."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -215,22 +241,22 @@ def _content_pieces(
     for j, part in enumerate(content):
         part_loc = (*loc, j)
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
+        if kind in kinds.text and isinstance(part.get("text"), str):
             pieces.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             pieces.append(part["refusal"])
-        elif kind == "image_url":
+        elif kind == kinds.image:
             images.append(part)
             image_locs.append(part_loc)
-        elif kind in ("input_audio", "file"):
+        elif kind in kinds.unsupported:
             raise RequestValidationError.single(
-                part_loc, f"{kind} parts are not supported; send text and image_url parts", "unsupported_part"
+                part_loc,
+                f"{kind} parts are not supported; send {kinds.text[0]} and {kinds.image} parts",
+                "unsupported_part",
             )
         else:
             raise RequestValidationError.single(
-                part_loc,
-                "a content part must be {type: text, text} or {type: image_url, image_url: {url}}",
-                "invalid_part",
+                part_loc, f"a content part must be {kinds.shape}", "invalid_part"
             )
     return pieces
 
@@ -246,7 +272,7 @@ def _state_of(messages: list[Any]) -> tuple[list[dict[str, Any]] | str, list[Any
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise RequestValidationError.single((*loc, "role"), "a message needs a role", "missing")
-        pieces = _content_pieces(message.get("content"), (*loc, "content"), images, image_locs)
+        pieces = content_pieces(message.get("content"), (*loc, "content"), images, image_locs)
         calls = _calls_of(message, loc)
         if not pieces and not calls:
             continue
@@ -556,14 +582,29 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ChatPlan) -> tuple[Any, ...]
     """The location in the chat request of an error found in the mapped System One request:
     ``questions.<name>...`` -> the schema property, ``images[k]`` -> its message part, ``state`` ->
     ``messages``."""
+    return route_error_loc(
+        loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("messages",)
+    )
+
+
+def route_error_loc(
+    loc: tuple[Any, ...],
+    *,
+    schema_loc: tuple[str | int, ...],
+    image_locs: tuple[tuple[str | int, ...], ...],
+    state_loc: tuple[str | int, ...],
+) -> tuple[Any, ...]:
+    """Where an error found in a mapped System One request points in the OpenAI request it came from:
+    ``questions.<name>...`` -> the property under ``schema_loc``, ``images[k]`` -> ``image_locs[k]``,
+    ``state`` (and an image without a recorded origin) -> ``state_loc``; anything else as it is."""
     if not loc:
         return loc
     if loc[0] == "questions" and len(loc) >= 2:
-        return (*plan.schema_loc, "properties", loc[1])
-    if loc[0] == "images" and len(loc) >= 2 and isinstance(loc[1], int) and loc[1] < len(plan.image_locs):
-        return plan.image_locs[loc[1]]
+        return (*schema_loc, "properties", loc[1])
+    if loc[0] == "images" and len(loc) >= 2 and isinstance(loc[1], int) and loc[1] < len(image_locs):
+        return image_locs[loc[1]]
     if loc[0] in ("state", "images"):
-        return ("messages",)
+        return state_loc
     return loc
 
 

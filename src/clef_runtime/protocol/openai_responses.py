@@ -71,12 +71,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from clef_runtime.protocol.errors import RequestValidationError
-from clef_runtime.protocol.openai_chat import FieldPlan, field_logprobs, schema_questions, typed_answers
+from clef_runtime.protocol.openai_chat import (
+    FieldPlan,
+    PartKinds,
+    content_pieces,
+    field_logprobs,
+    route_error_loc,
+    schema_questions,
+    typed_answers,
+)
 from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
-from clef_runtime.protocol.plain_errors import plain_error
+from clef_runtime.protocol.plain_errors import validate_object
 
 __all__ = [
     "LOGPROBS_INCLUDE",
@@ -156,12 +164,7 @@ def parse_responses_request(data: Any) -> ResponsesRequest:
 
     Returns the request. Raises :class:`RequestValidationError` naming each bad field.
     """
-    if not isinstance(data, dict):
-        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
-    try:
-        return ResponsesRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(plain_error(e) for e in exc.errors()) from None
+    return validate_object(ResponsesRequest, data)
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -191,39 +194,17 @@ def _refuse(loc: Loc, msg: str, type_: str) -> RequestValidationError:
     return RequestValidationError.single(loc, msg, type_)
 
 
+RESPONSES_PARTS = PartKinds(
+    text=("input_text", "output_text"),
+    image="input_image",
+    unsupported=("input_file", "input_audio"),
+    shape="{type: input_text, text}, {type: output_text, text} or {type: input_image, image_url: 'data:...'}",
+)
+
+
 def _pieces(content: Any, loc: Loc, images: list[Any], image_locs: list[Loc]) -> list[str]:
     """The texts of a message's content (or a function call's output); image parts go to ``images``."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [content]
-    if not isinstance(content, list):
-        raise _refuse(loc, "content must be a string or an array of parts", "type")
-    pieces: list[str] = []
-    for j, part in enumerate(content):
-        part_loc = (*loc, j)
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
-            pieces.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            pieces.append(part["refusal"])
-        elif kind == "input_image":
-            images.append(part)
-            image_locs.append(part_loc)
-        elif kind in ("input_file", "input_audio"):
-            raise _refuse(
-                part_loc,
-                f"{kind} parts are not supported; send input_text and input_image parts",
-                "unsupported_part",
-            )
-        else:
-            raise _refuse(
-                part_loc,
-                "a content part must be {type: input_text, text}, {type: output_text, text} or "
-                "{type: input_image, image_url: 'data:...'}",
-                "invalid_part",
-            )
-    return pieces
+    return content_pieces(content, loc, images, image_locs, RESPONSES_PARTS)
 
 
 def _call(item: dict[str, Any], loc: Loc) -> dict[str, Any]:
@@ -438,15 +419,7 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ResponsesPlan) -> tuple[Any,
     """The location in the Responses request of an error found in the mapped System One request:
     ``questions.<name>...`` -> the schema property, ``images[k]`` -> its input part, ``state`` ->
     ``input``."""
-    if not loc:
-        return loc
-    if loc[0] == "questions" and len(loc) >= 2:
-        return (*plan.schema_loc, "properties", loc[1])
-    if loc[0] == "images" and len(loc) >= 2 and isinstance(loc[1], int) and loc[1] < len(plan.image_locs):
-        return plan.image_locs[loc[1]]
-    if loc[0] in ("state", "images"):
-        return ("input",)
-    return loc
+    return route_error_loc(loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("input",))
 
 
 # ------------------------------------------------------------------------------------------- response

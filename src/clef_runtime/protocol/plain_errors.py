@@ -10,11 +10,15 @@ Errors raised by this package's own validators (``PydanticCustomError``) already
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from clef_runtime.protocol.errors import ErrorItem
+from pydantic import BaseModel, ValidationError
 
-__all__ = ["error_loc", "plain_error", "plain_message"]
+from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+
+__all__ = ["error_loc", "plain_error", "plain_message", "validate_object"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _SHOWN_INPUT_CHARS = 40
 
@@ -151,3 +155,16 @@ def plain_error(err: Mapping[str, Any], loc: Sequence[str | int] | None = None) 
     `error_loc`) and its message in plain words."""
     where = tuple(error_loc(err) if loc is None else loc)
     return {"loc": where, "msg": plain_message(err, where), "type": err["type"]}
+
+
+def validate_object(model: type[ModelT], data: Any) -> ModelT:
+    """Validate a decoded JSON body as ``model`` (a request that must be a JSON object).
+
+    Returns the validated model. Raises :class:`RequestValidationError` naming each bad field in plain words.
+    """
+    if not isinstance(data, dict):
+        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(plain_error(e) for e in exc.errors()) from None
