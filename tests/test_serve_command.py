@@ -56,6 +56,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "snapshot_interval": (["--snapshot-interval", "128"], "128", 128),
     "confidence": (["--confidence", "workers-ai"], "workers-ai", "workers-ai"),
     "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
+    "head": (["--head", "a=/x", "--head", "/y"], "a=/x,/y", ("a=/x", "/y")),
     "log_requests": (["--log-requests"], "true", True),
     "latency_ms": (["--latency-ms"], "1", True),
     "jobs": (["--jobs", "off"], "off", False),
@@ -64,6 +65,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "jobs_max_bytes": (["--jobs-max-bytes", "1MiB"], "1MiB", 1024 * 1024),
     "jobs_max_active": (["--jobs-max-active", "2"], "2", 2),
     "jobs_batch_size": (["--jobs-batch-size", "4"], "4", 4),
+    "classifiers_db": (["--classifiers-db", "/tmp/c.sqlite3"], "/tmp/c.sqlite3", "/tmp/c.sqlite3"),
     "log_level": (["--log-level", "debug"], "DEBUG", "debug"),
     "ray": (["--ray"], "1", True),
     "replicas": (["--replicas", "3"], "3", 3),
@@ -120,6 +122,8 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
         (["--max-replicas", "0"], {}, "--max-replicas must be at least 1"),
         ([], {"CLEF_RAY_NUM_CPUS": "many"}, "CLEF_RAY_NUM_CPUS"),
         ([], {"CLEF_RAY_ROUTING": "random"}, "CLEF_RAY_ROUTING"),
+        (["--head", "tuned=/nonexistent/head"], {}, "--head tuned=/nonexistent/head: not a directory"),
+        (["--head", "a=/x", "--head", "a=/y"], {}, "--head: the name(s) a are given more than once"),
     ],
 )
 def test_run_serve_returns_2_on_bad_settings(

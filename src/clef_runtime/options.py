@@ -19,6 +19,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
@@ -29,11 +30,13 @@ __all__ = [
     "FP32_COMPUTE_WEIGHT_MODES",
     "MODEL_OPTION",
     "EngineOptions",
+    "HeadSpec",
     "Option",
     "OptionsError",
     "add_option_arguments",
     "option_table_markdown",
     "parse_bool",
+    "parse_head_specs",
     "parse_size",
     "read_option_values",
 ]
@@ -196,6 +199,51 @@ def option_table_markdown(options: Iterable[Option]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------- heads
+
+#: A head's name: what a request's ``model`` says to pick it.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """One ``--head`` value: ``name`` None for a bare ``DIR`` (it replaces the default head)."""
+
+    name: str | None
+    path: Path
+
+    @classmethod
+    def parse(cls, text: str) -> HeadSpec:
+        """``NAME=DIR`` or ``DIR``. Raises `OptionsError` naming ``--head`` for a bad name or an empty path
+        (the directory itself is checked when the head loads)."""
+        name, sep, path = text.partition("=")
+        if not sep or "/" in name or "\\" in name:
+            # No "=", or a path that itself contains "=" after a separator: a bare directory.
+            name, path = "", text
+        name, path = name.strip(), path.strip()
+        if sep and name and not _NAME.fullmatch(name):
+            raise OptionsError(
+                f"--head {text!r}: the name must be 1-64 letters, digits, '.', '_', ':' or '-', starting "
+                "with a letter or digit"
+            )
+        if not path:
+            raise OptionsError(f"--head {text!r}: no directory")
+        return cls(name or None, Path(path).expanduser())
+
+
+def parse_head_specs(values: Iterable[str]) -> list[HeadSpec]:
+    """Every ``--head`` value parsed; raises `OptionsError` for a bad one, a repeated name or more than one
+    bare directory."""
+    specs = [HeadSpec.parse(value) for value in values]
+    names = [spec.name for spec in specs if spec.name is not None]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise OptionsError(f"--head: the name(s) {', '.join(repeated)} are given more than once")
+    if sum(spec.name is None for spec in specs) > 1:
+        raise OptionsError("--head: at most one head without a name (it replaces the release's head)")
+    return specs
+
+
 # ------------------------------------------------------------------------------------------- the model
 
 MODEL_OPTION = Option(
@@ -254,6 +302,9 @@ class EngineOptions:
     """Confidence of choice and score answers: ``seed`` (top probability), ``typesafe``, ``workers-ai``."""
     calibration: str | None = None
     """A calibration.json (from ``clef calibrate``) applied to every answer's probabilities."""
+    head: tuple[str, ...] = ()
+    """Tuned heads served on the same backbone, ``NAME=DIR`` (a request's ``model`` = NAME picks it) or one
+    bare ``DIR`` (replaces the release's head); see `clef_runtime.engine.heads`."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -291,6 +342,12 @@ class EngineOptions:
             problems.append(
                 f"--confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}"
             )
+        if isinstance(self.head, str):
+            object.__setattr__(self, "head", (self.head,))
+        try:
+            parse_head_specs(self.head)
+        except OptionsError as exc:
+            problems.append(str(exc))
         if problems:
             raise OptionsError("; ".join(problems))
 
@@ -455,6 +512,17 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         str,
         "a calibration.json from 'clef calibrate': temperatures applied to every answer (default none)",
         "FILE",
+    ),
+    Option(
+        "head",
+        "--head",
+        "CLEF_HEAD",
+        str,
+        "another head on the same backbone (a directory in the release's head layout): NAME=DIR answers "
+        "requests whose model is NAME, a bare DIR replaces the release's head; repeatable (variable: "
+        "comma-separated)",
+        "[NAME=]DIR",
+        kind="append",
     ),
 )
 

@@ -187,6 +187,16 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         except CalibrationError as exc:
             print(f"clef serve: error: {exc}", file=sys.stderr)
             return 2
+    if settings.engine.head:
+        # Likewise a bad --head (a missing directory, a malformed config): before binding, exit 2.
+        from clef_runtime.engine.heads import check_head_specs
+        from clef_runtime.options import OptionsError, parse_head_specs
+
+        try:
+            check_head_specs(parse_head_specs(settings.engine.head))
+        except OptionsError as exc:
+            print(f"clef serve: error: {exc}", file=sys.stderr)
+            return 2
     try:
         sock = listen(settings.host, settings.port)
     except CannotListenError as exc:

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.independent import IndependentRequest, merge_decisions
 from clef_runtime.engine.loop import WholeRequestRunner
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.errors import InputTooLongError
 from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts, parse_request
 
 FAIL_MARKER = "__fake_engine_fail__"
 PREFIX_TOKENS = 5
@@ -81,6 +82,7 @@ class FakeClef:
 
     untrained = True
     calibration_card = None
+    head_cards: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (read only)
     device = "cpu"
     weight_mode = "fp32"
     compute_dtype = "fp32"
@@ -111,10 +113,16 @@ class FakeClef:
         body, _ = extract_images(request) if isinstance(request, dict) else (request, [])
         return parse_request(body)
 
-    def prepare(self, request: Any, *, max_length: int | None = None) -> FakePrepared:
+    def prepare(
+        self, request: Any, *, max_length: int | None = None
+    ) -> FakePrepared | IndependentRequest[FakePrepared]:
         body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
         parsed = parse_request(body)
-        return FakePrepared(parsed, self.encode(parsed, max_length=max_length), tuple(sources))
+        parts = [
+            FakePrepared(part, self.encode(part, max_length=max_length), tuple(sources))
+            for part in independent_parts(parsed)
+        ]
+        return parts[0] if len(parts) == 1 else IndependentRequest(parsed, tuple(parts))
 
     def encode(self, request: Any, *, max_length: int | None = None) -> FakeRecord:
         parsed = self.parse(request)
@@ -149,7 +157,10 @@ class FakeClef:
         self.compute_thread = threading.current_thread().name
 
     def decide(self, request: Any) -> dict[str, Any]:
-        return self.decide_encoded([self.prepare(request)])[0].body()
+        prepared = self.prepare(request)
+        if isinstance(prepared, IndependentRequest):
+            return merge_decisions(prepared.request, self.decide_encoded(list(prepared.parts))).body()
+        return self.decide_encoded([prepared])[0].body()
 
     def decide_encoded(self, items: Sequence[FakePrepared]) -> list[Decision]:
         with self._lock:

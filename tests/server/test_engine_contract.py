@@ -25,6 +25,7 @@ ATTRIBUTES = [
     "untrained",
     "max_length",
     "calibration_card",
+    "head_cards",
     "options",
     "device",
     "weight_mode",

@@ -31,7 +31,9 @@ from clef_runtime.encoding.tokenizer import ClefTokenizer
 from clef_runtime.engine.calibration import Calibration
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
+from clef_runtime.engine.heads import HeadSet, check_head_specs
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
+from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
 from clef_runtime.engine.policy import StepSettings
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
@@ -42,7 +44,7 @@ from clef_runtime.model.head import JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
-from clef_runtime.options import EngineOptions
+from clef_runtime.options import EngineOptions, parse_head_specs
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 from clef_runtime.vision.tower import VisionTower
@@ -93,8 +95,11 @@ def default_step_tokens(device: torch.device) -> int:
     return DEFAULT_STEP_TOKENS.get(device.type, DEFAULT_STEP_TOKENS["cuda"])
 
 
+#: What `Clef.prepare` returns: one prepared row, or one per question of an ``x_independent`` request.
+Prepared = PreparedRequest | IndependentRequest[PreparedRequest]
+
 #: What `Clef.decide_encoded` accepts per item.
-DecisionItem = PreparedRequest | tuple[SystemOneRequest, EncodedRecord | PreparedRequest]
+DecisionItem = Prepared | tuple[SystemOneRequest, EncodedRecord | PreparedRequest]
 
 
 @dataclass
@@ -170,7 +175,17 @@ class Clef:
         if calibration is None and options.calibration:
             calibration = Calibration.load(options.calibration)
         self.calibration = calibration
-        """Temperatures applied to every question's probabilities before its answer is built (None: off)."""
+        """Temperatures applied to every question's probabilities before its answer is built (None: off);
+        a tuned head with its own calibration uses that one instead."""
+        self.heads = HeadSet.load(
+            parse_head_specs(options.head),
+            release_head=model.head,
+            calibration=calibration,
+            device=backbone.device,
+        )
+        """The default head and the named tuned heads (``--head``)."""
+        self.head_cards = self.heads.cards()
+        """Every named head's card (``/v1/models``), by name."""
         self.calibration_card = calibration.describe() if calibration is not None else None
         resolved = model.resolved
         self.untrained = resolved.is_tiny
@@ -198,7 +213,7 @@ class Clef:
         self.executor = StepExecutor(
             name=self.name,
             backbone=backbone,
-            head=model.head,
+            heads=self.heads,
             lexical=model.lexical,
             embedder=ImageEmbedder(model.vision_tower),
             state_cache=self.state_cache,
@@ -208,7 +223,6 @@ class Clef:
             seed_readout=options.pad_last_chunk,
             snapshot_interval=options.snapshot_interval,
             confidence=options.confidence,
-            calibration=calibration,
         )
 
     # ------------------------------------------------------------------------------------------ loading
@@ -231,6 +245,7 @@ class Clef:
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
         calibration = Calibration.load(opts.calibration) if opts.calibration else None
+        check_head_specs(parse_head_specs(opts.head))  # a wrong --head fails before the slow part
         resolved = resolve_model(model)
         if resolved.is_tiny:
             logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
@@ -288,7 +303,8 @@ class Clef:
 
     @property
     def head(self) -> JointSchemaHead:
-        return self.model.head
+        """The default head: the release's, or the bare ``--head DIR`` that replaces it."""
+        return self.heads.default.head
 
     @property
     def lexical(self) -> LexicalTable:
@@ -360,14 +376,15 @@ class Clef:
         body, _ = extract_images(request) if isinstance(request, dict) else (request, [])
         return parse_request(body)
 
-    def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedRequest:
+    def prepare(self, request: Any, *, max_length: int | None = None) -> Prepared:
         """Everything before the model, for one request body (a JSON-decoded dict, possibly with images in
         ``images`` or in the ``state`` array) or an already parsed ``SystemOneRequest`` (text only): take
         the images out, validate, decode and preprocess the images in the configured mode, encode the row
         token-exactly, compute the state-cache key. No model lock; the vision tower is not touched.
 
-        Returns a `PreparedRequest`. Raises ``RequestValidationError`` (bad body, bad image: the error names
-        the image) or ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
+        Returns a `PreparedRequest`, or an `IndependentRequest` (one per question) for an ``x_independent``
+        request with several questions. Raises ``RequestValidationError`` (bad body, bad image: the error
+        names the image) or ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
         """
         return self.preparer.prepare(request, max_length=max_length)
 
@@ -375,7 +392,10 @@ class Clef:
         """Encode a request token-exactly as the reference (image blocks included: images are decoded and
         preprocessed to know their token counts); returns the ``EncodedRecord``. Raises
         ``RequestValidationError`` or ``InputTooLongError``."""
-        return self.prepare(request, max_length=max_length).record
+        prepared = self.prepare(request, max_length=max_length)
+        if isinstance(prepared, IndependentRequest):
+            raise ValueError("an x_independent request is several rows: encode its questions one by one")
+        return prepared.record
 
     def decide(self, request: Any) -> dict[str, Any]:
         """Answer one request (text and images); returns the System One response dict. Raises
@@ -385,14 +405,18 @@ class Clef:
     def decide_many(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         """Answer several requests together: request bodies or `decide_encoded` items; one System One
         response per item, in order. Raises like `decide` and `decide_encoded`."""
-        work = [item if isinstance(item, PreparedRequest | tuple) else self.prepare(item) for item in items]
+        work = [
+            item if isinstance(item, PreparedRequest | IndependentRequest | tuple) else self.prepare(item)
+            for item in items
+        ]
         return [decision.body() for decision in self.decide_encoded(work)]
 
     def decide_encoded(self, items: Sequence[DecisionItem]) -> list[Decision]:
         """Answer several prepared requests on the calling thread, in engine steps (what the server's loop
         runs, without its thread); one `Decision` per item, in order.
 
-        An item is a `PreparedRequest` (from `prepare`: the only form that can carry images), or a tuple
+        An item is what `prepare` returns (the only form that can carry images; an `IndependentRequest` runs
+        as one row per question, sharing the state's prefill, and its decisions merge into one), or a tuple
         ``(request, record)`` with ``record`` an ``EncodedRecord`` of a text-only request or a
         `PreparedRequest` (then ``request`` is ignored in favour of its own). Raises ValueError for a
         record with image blocks but no images; when a request fails, the first failure is raised after
@@ -404,8 +428,12 @@ class Clef:
         with self._sync_lock:
             before = self.executor.snapshot_work()
             started = time.perf_counter()
-            loop = EngineLoop(self.executor, self.step_settings(max_rows=len(work)), max_queue=len(work))
-            futures = [loop.submit(w) for w in work]
+            rows = sum(len(w.parts) if isinstance(w, IndependentRequest) else 1 for w in work)
+            loop = EngineLoop(self.executor, self.step_settings(max_rows=rows), max_queue=rows)
+            futures = [
+                submit_parts(w, loop.submit) if isinstance(w, IndependentRequest) else loop.submit(w)
+                for w in work
+            ]
             loop.run_until_idle()
             decisions = [future.result() for future in futures]
             self._account(before, decisions, time.perf_counter() - started)
@@ -422,6 +450,8 @@ class Clef:
         exactly as `decide_encoded` does (state cache included). Same items and errors as
         `decide_encoded`."""
         work = [self._as_prepared(item) for item in items]
+        if any(isinstance(w, IndependentRequest) for w in work):
+            raise ValueError("hidden_rows: an x_independent request is several rows; pass its parts")
         with self.executor.collecting_hidden() as rows:
             self.decide_encoded(work)
         return [rows[id(w)].to(device="cpu", dtype=torch.float32) for w in work]
@@ -456,8 +486,8 @@ class Clef:
     # ------------------------------------------------------------------------------------------ internals
 
     @staticmethod
-    def _as_prepared(item: Any) -> PreparedRequest:
-        if isinstance(item, PreparedRequest):
+    def _as_prepared(item: Any) -> Prepared:
+        if isinstance(item, PreparedRequest | IndependentRequest):
             return item
         if isinstance(item, tuple) and len(item) == 2:
             request, record = item

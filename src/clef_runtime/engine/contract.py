@@ -13,11 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from clef_runtime.engine.independent import IndependentRequest, merge_decisions, submit_parts
 from clef_runtime.engine.loop import StepRunner
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 
-__all__ = ["DecisionEngine", "EncodedRow", "PreparedItem", "ReplicaReport", "ReplicaStatus"]
+__all__ = [
+    "DecisionEngine",
+    "EncodedRow",
+    "IndependentRequest",
+    "PreparedItem",
+    "ReplicaReport",
+    "ReplicaStatus",
+    "merge_decisions",
+    "submit_parts",
+]
 
 
 class EncodedRow(Protocol):
@@ -100,9 +110,17 @@ class DecisionEngine(Protocol[PreparedT]):
     step_tokens: int
     """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
 
-    def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedT:
+    head_cards: Mapping[str, Mapping[str, Any]]
+    """The tuned heads served next to the release's (``--head NAME=DIR``), by name: a request whose
+    ``model`` is a name is answered by that head (``/v1/models`` lists them)."""
+
+    def prepare(
+        self, request: Any, *, max_length: int | None = None
+    ) -> PreparedT | IndependentRequest[PreparedT]:
         """Validate and encode one JSON-decoded System One body (images included) without touching the
-        model. Raises ``RequestValidationError`` (422) or ``InputTooLongError`` (413)."""
+        model. An ``x_independent`` request with several questions comes back as an `IndependentRequest`
+        whose parts (one per question) the server submits with `submit_parts`. Raises
+        ``RequestValidationError`` (422) or ``InputTooLongError`` (413)."""
         ...
 
     def runner(self) -> StepRunner:

@@ -33,20 +33,20 @@ import torch
 from torch import Tensor
 
 from clef_runtime.engine.answers import build_answer
-from clef_runtime.engine.calibration import Calibration
 from clef_runtime.engine.decision import MISS, CacheReport, Decision, RequestTimings
+from clef_runtime.engine.heads import HeadSet, ServedHead
 from clef_runtime.engine.images import ImageEmbedder, PreparedImage, row_positions
 from clef_runtime.engine.loop import Estimate
 from clef_runtime.engine.planning import MAX_SNAPSHOT_ROWS, PlanRow, RowPlan, plan_rows
 from clef_runtime.engine.preparer import PreparedRequest
 from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, StatePoint, StateSegment
-from clef_runtime.model.head import HeadLayout, JointSchemaHead, probabilities
+from clef_runtime.model.head import HeadLayout, probabilities
 from clef_runtime.model.kernels import flush_denormals
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.prefill import BatchPrefill
 
-__all__ = ["ExecutorWork", "StepExecutor"]
+__all__ = ["ExecutorWork", "StepExecutor", "head_inputs"]
 
 logger = logging.getLogger("clef_runtime.engine")
 
@@ -68,12 +68,16 @@ class ExecutorWork:
     requests: int = 0
 
 
-def _layout(record: Any) -> HeadLayout:
-    return HeadLayout(
+def head_inputs(record: Any, lexical: LexicalTable) -> tuple[HeadLayout, Tensor]:
+    """What the head reads of an encoded record besides its hidden rows: where its questions and options
+    are (`HeadLayout`) and each option's mean ``lm_head`` row [O, hidden] (see `LexicalTable`)."""
+    layout = HeadLayout(
         type_ids=[q.type_id for q in record.questions],
         question_spans=[q.question_span for q in record.questions],
         option_spans=[list(q.option_spans) for q in record.questions],
     )
+    spans = [span for question in record.questions for span in question.option_spans]
+    return layout, lexical.option_means(record.input_ids, spans)
 
 
 @dataclass(eq=False)
@@ -127,7 +131,7 @@ class StepExecutor:
         *,
         name: str,
         backbone: Backbone,
-        head: JointSchemaHead,
+        heads: HeadSet,
         lexical: LexicalTable,
         embedder: ImageEmbedder,
         state_cache: StateCache,
@@ -137,12 +141,11 @@ class StepExecutor:
         seed_readout: bool = False,
         snapshot_interval: int = 512,
         confidence: str = "seed",
-        calibration: Calibration | None = None,
         max_snapshot_rows: int = MAX_SNAPSHOT_ROWS,
     ) -> None:
         self.name = name
         self.backbone = backbone
-        self.head = head
+        self.heads = heads
         self.lexical = lexical
         self.embedder = embedder
         self.state_cache = state_cache
@@ -152,7 +155,6 @@ class StepExecutor:
         self.seed_readout = seed_readout
         self.snapshot_interval = snapshot_interval
         self.confidence = confidence
-        self.calibration = calibration
         self.max_snapshot_rows = max_snapshot_rows
         self.work = ExecutorWork()
         self._work_lock = threading.Lock()
@@ -405,25 +407,37 @@ class StepExecutor:
         indexes = list(hiddens)
         rows = [batch.rows[index] for index in indexes]
         records = [row.work.record for row in rows]
-        layouts = [_layout(record) for record in records]
-        lexicals = [
-            self.lexical.option_means(r.input_ids, [s for q in r.questions for s in q.option_spans])
-            for r in records
-        ]
-        logits = self.head.score_batch([hiddens[i] for i in indexes], layouts, lexicals)
+        inputs = [head_inputs(record, self.lexical) for record in records]
+        # Rows of several heads may complete in one step: each head scores its own rows in one pass.
+        served = [self.heads.for_model(row.work.request.model) for row in rows]
+        by_head: dict[int, list[int]] = {}
+        for position, head in enumerate(served):
+            by_head.setdefault(id(head), []).append(position)
+        logits: list[Any] = [None] * len(rows)
+        for positions in by_head.values():
+            scored = served[positions[0]].head.score_batch(
+                [hiddens[indexes[p]] for p in positions],
+                [inputs[p][0] for p in positions],
+                [inputs[p][1] for p in positions],
+            )
+            for position, row_logits in zip(positions, scored, strict=True):
+                logits[position] = row_logits
         decisions = {}
-        for index, row, lg, layout in zip(indexes, rows, logits, layouts, strict=True):
+        for index, row, lg, (layout, _), head in zip(indexes, rows, logits, inputs, served, strict=True):
             probs = [p.tolist() for p in probabilities(lg, layout)]
             decisions[index] = self.decision(
-                row.work, probs, row.plan.report, row.work.record.input_tokens - row.start_at
+                row.work, probs, row.plan.report, row.work.record.input_tokens - row.start_at, head=head
             )
         with self._work_lock:
             self.work.requests += len(indexes)
         return decisions
 
-    def calibrated(self, w: PreparedRequest, probs: list[list[float]]) -> list[list[float]]:
-        """``probs`` with the calibration's temperatures applied per question (unchanged without one)."""
-        calibration = self.calibration
+    def calibrated(
+        self, w: PreparedRequest, probs: list[list[float]], head: ServedHead | None = None
+    ) -> list[list[float]]:
+        """``probs`` with the temperatures of the calibration of ``w``'s head applied per question (unchanged
+        without one); ``head``: the head that answered (default: the one ``w``'s ``model`` picks)."""
+        calibration = (head or self.heads.for_model(w.request.model)).calibration
         if calibration is None:
             return probs
         return [
@@ -432,10 +446,19 @@ class StepExecutor:
         ]
 
     def decision(
-        self, w: PreparedRequest, probs: list[list[float]], report: CacheReport, tokens: int
+        self,
+        w: PreparedRequest,
+        probs: list[list[float]],
+        report: CacheReport,
+        tokens: int,
+        *,
+        head: ServedHead | None = None,
     ) -> Decision:
-        """The `Decision` for ``w`` from its unrounded, uncalibrated probabilities."""
-        probs = self.calibrated(w, probs)
+        """The `Decision` for ``w`` from its unrounded, uncalibrated probabilities (``head``: the head that
+        answered; default: the one ``w``'s ``model`` picks)."""
+        head = head or self.heads.for_model(w.request.model)
+        calibration = head.calibration
+        probs = self.calibrated(w, probs, head)
         request = w.request
         answers = {
             enc.question_id: build_answer(
@@ -448,7 +471,7 @@ class StepExecutor:
             answers=answers,
             input_tokens=w.record.input_tokens,
             cache=report,
-            calibration=self.calibration.label if self.calibration is not None else None,
+            calibration=calibration.label if calibration is not None else None,
             timings=RequestTimings(backbone_tokens=tokens),
             probabilities=probs,
         )

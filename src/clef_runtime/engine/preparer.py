@@ -24,10 +24,11 @@ from clef_runtime.engine.images import (
     load_processor_config,
     prepare_images,
 )
+from clef_runtime.engine.independent import IndependentRequest
 from clef_runtime.engine.state_cache import root_key, state_key
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts, parse_request
 
 __all__ = ["PreparedRequest", "RequestPreparer"]
 
@@ -93,16 +94,26 @@ class RequestPreparer:
         )
         return cls(encoder, settings)
 
-    def prepare(self, request: Any, *, max_length: int | None = None) -> PreparedRequest:
+    def prepare(
+        self, request: Any, *, max_length: int | None = None
+    ) -> PreparedRequest | IndependentRequest[PreparedRequest]:
         """One request body (a JSON-decoded dict, possibly with images in ``images`` or in the ``state``
         array) or an already parsed ``SystemOneRequest`` (text only) -> `PreparedRequest`.
 
-        Raises ``RequestValidationError`` (bad body, bad image: the error names the image) or
-        ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
+        An ``x_independent`` request with several questions becomes an `IndependentRequest`: one
+        `PreparedRequest` per question (its images decoded once). Raises ``RequestValidationError`` (bad
+        body, bad image: the error names the image) or ``InputTooLongError`` (the schema with its images
+        does not fit ``max_length``).
         """
         body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
         parsed = parse_request(body)
         images = prepare_images(sources, self.image_settings) if sources else ()
+        parts = [self._prepare_one(part, images, max_length) for part in independent_parts(parsed)]
+        return parts[0] if len(parts) == 1 else IndependentRequest(parsed, tuple(parts))
+
+    def _prepare_one(
+        self, parsed: SystemOneRequest, images: tuple[PreparedImage, ...], max_length: int | None
+    ) -> PreparedRequest:
         record = self.encoder.encode(
             parsed, image_token_counts=[image.n_tokens for image in images], max_length=max_length
         )

@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    StrictBool,
     StringConstraints,
     ValidationError,
     WithJsonSchema,
@@ -43,6 +44,7 @@ __all__ = [
     "SystemOneRequest",
     "SystemOneResponse",
     "Usage",
+    "independent_parts",
     "parse_request",
 ]
 
@@ -168,11 +170,28 @@ class SystemOneRequest(BaseModel):
         description="The state to decide about: a string, or JSON rendered compactly with sorted keys."
     )
     questions: Annotated[dict[QuestionId, Question], Field(min_length=1, max_length=MAX_QUESTIONS)]
+    x_independent: StrictBool = Field(
+        default=False,
+        description="Answer each question as if it were asked alone (one request per question, sharing the "
+        "state's prefill), instead of jointly (the default: the head reads all questions together).",
+    )
 
     @field_validator("questions", mode="before")
     @classmethod
     def _question_ids_are_text(cls, value: Any) -> Any:
         return check_keys(value)
+
+
+def independent_parts(request: SystemOneRequest) -> list[SystemOneRequest]:
+    """The separate requests an ``x_independent`` request is answered as: one per question, in order, each
+    with the same model and state (and ``x_independent`` off). A request that is not independent, or has
+    one question, is its own only part."""
+    if not request.x_independent or len(request.questions) == 1:
+        return [request]
+    return [
+        request.model_copy(update={"questions": {question_id: question}, "x_independent": False})
+        for question_id, question in request.questions.items()
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- responses

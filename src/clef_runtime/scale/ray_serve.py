@@ -130,6 +130,7 @@ class IngressEngine:
         self.untrained: bool = info["untrained"]
         self.max_length: int = info["max_length"]
         self.calibration_card: dict[str, Any] | None = info["calibration_card"]
+        self.head_cards: dict[str, dict[str, Any]] = info["head_cards"]
         self.options: EngineOptions = info["options"]
         self.device: str = info["device"]
         self.weight_mode: str = info["weight_mode"]
@@ -322,6 +323,7 @@ class ClefModel:
             "untrained": bool(engine.untrained),
             "max_length": engine.max_length,
             "calibration_card": engine.calibration_card,
+            "head_cards": engine.head_cards,
             "options": engine.options,
             "device": engine.device,
             "weight_mode": engine.weight_mode,

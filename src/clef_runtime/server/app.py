@@ -27,6 +27,7 @@ from clef_runtime.protocol.images import add_image_fields
 from clef_runtime.protocol.openai_chat import ChatCompletionRequest
 from clef_runtime.protocol.openai_responses import ResponsesRequest
 from clef_runtime.protocol.systemone import SystemOneRequest
+from clef_runtime.server.classifiers import open_store as open_classifier_store
 from clef_runtime.server.compression import CompressionMiddleware
 from clef_runtime.server.errors import error_body, install_error_handlers
 from clef_runtime.server.handling import RATE_LIMIT_HEADERS_STATE
@@ -35,6 +36,7 @@ from clef_runtime.server.mcp_http import McpEndpoint
 from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.openai_errors import openai_shaped_paths
 from clef_runtime.server.routes_chat import router as chat_router
+from clef_runtime.server.routes_classifiers import router as classifiers_router
 from clef_runtime.server.routes_decisions import router as decisions_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
@@ -208,8 +210,13 @@ def create_app(
         on_fatal=on_fatal,
         dispatcher_factory=dispatcher_factory,
     )
-    # Opened now, so a damaged or foreign jobs database stops the server before it listens.
-    jobs = JobsService.open(settings, runtime) if settings.jobs else None
+    # Opened now, so a damaged or foreign jobs or classifiers database stops the server before it listens.
+    classifiers = open_classifier_store(settings)
+    try:
+        jobs = JobsService.open(settings, runtime) if settings.jobs else None
+    except BaseException:
+        classifiers.close()
+        raise
     mcp = McpEndpoint(settings)  # POST /mcp: the decide tool over MCP, through the same decision flow
 
     @asynccontextmanager
@@ -226,6 +233,7 @@ def create_app(
                 if jobs is not None:
                     await anyio.to_thread.run_sync(jobs.stop)
                 await anyio.to_thread.run_sync(runtime.stop)
+                classifiers.close()
 
     app = FastAPI(
         title="clef-runtime",
@@ -240,6 +248,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.metrics = metrics
     app.state.jobs = jobs
+    app.state.classifiers = classifiers
     install_error_handlers(app, openai_shaped_paths)
     app.include_router(systemone_router)
     app.include_router(decisions_router)
@@ -248,6 +257,7 @@ def create_app(
     app.include_router(workers_ai_router)
     app.include_router(info_router)
     app.include_router(jobs_router)
+    app.include_router(classifiers_router)
     app.include_router(pages_router)
     app.router.routes.append(mcp.route())
     routers = (
@@ -258,6 +268,7 @@ def create_app(
         workers_ai_router,
         info_router,
         jobs_router,
+        classifiers_router,
         pages_router,
     )
     # Included routers show up as opaque entries in app.routes (FastAPI >= 0.16x): read their own routes.

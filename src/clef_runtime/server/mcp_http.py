@@ -1,11 +1,13 @@
-"""``POST /mcp``: the ``decide`` tool (`clef_runtime.server.mcp_tool`) over MCP's Streamable HTTP transport,
-stateless, with JSON responses (no SSE stream, no session: any replica can answer any POST).
+"""``POST /mcp``: the ``decide`` tool (`clef_runtime.server.mcp_tool`) and the caller's saved classifiers
+(`clef_runtime.server.mcp_classifiers`) over MCP's Streamable HTTP transport, stateless, with JSON responses
+(no SSE stream, no session: any replica can answer any POST).
 
 Every request is authenticated before the SDK sees it (401 like every route with ``--api-key``); a
 ``tools/call`` of ``decide`` then runs the server's one decision flow (`clef_runtime.server.flow`) with the
 tool's arguments as the System One body, so it is rate-limited (one request of the caller's
 ``--rate-limit`` per call; ``initialize`` and ``tools/list`` are not charged), batched, cached, measured and
-timed like ``POST /v1/systemone``, and answers the same body. The transport: the MCP specification's
+timed like ``POST /v1/systemone``, and answers the same body (a ``classify_<name>`` call: like ``POST
+/v1/classifiers/{name}/decide``). The transport: the MCP specification's
 "Streamable HTTP" (https://modelcontextprotocol.io/specification/2025-06-18/basic/transports), served by the
 official SDK's session manager.
 """
@@ -27,8 +29,9 @@ from starlette.types import Receive, Scope, Send
 
 from clef_runtime.protocol.errors import ClefError
 from clef_runtime.server.errors import ApiError
-from clef_runtime.server.flow import SYSTEMONE, answer_decision
+from clef_runtime.server.flow import SYSTEMONE, WireMapping, answer_decision
 from clef_runtime.server.handling import authenticate, note
+from clef_runtime.server.mcp_classifiers import ClassifierTools
 from clef_runtime.server.mcp_tool import mcp_server
 from clef_runtime.server.settings import ServerSettings
 
@@ -58,17 +61,18 @@ def _check_origin(request: Request) -> None:
         )
 
 
-async def _decide_in_the_flow(
-    arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
+async def _answer_in_the_flow(
+    mapping: WireMapping[Any], arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
 ) -> dict[str, Any]:
-    """Answer a ``decide`` call through `answer_decision`, on the HTTP request that carried it (the SDK hands
-    it over in the tool's context): auth, the caller's rate limit, readiness, validation, the engine, metrics
-    and the ``x_`` extras are the System One route's. Raises `ApiError` for a refused call."""
+    """Answer a tool call through `answer_decision` with the route mapping ``mapping``, on the HTTP request
+    that carried it (the SDK hands it over in the tool's context): auth, the caller's rate limit, readiness,
+    validation, the engine, metrics and the ``x_`` extras are that route's. Raises `ApiError` for a refused
+    call."""
     request = ctx.request
     if not isinstance(request, Request):
         raise TypeError(f"an MCP call over HTTP carries its Starlette request, got {type(request).__name__}")
     try:
-        response = await answer_decision(request, SYSTEMONE, data=arguments)
+        response = await answer_decision(request, mapping, data=arguments)
     except (ApiError, ClefError):
         raise
     except Exception:
@@ -86,13 +90,21 @@ async def _decide_in_the_flow(
     return answer
 
 
+async def _decide_in_the_flow(
+    arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
+) -> dict[str, Any]:
+    """Answer a ``decide`` call as ``POST /v1/systemone`` answers its body."""
+    return await _answer_in_the_flow(SYSTEMONE, arguments, ctx)
+
+
 class McpEndpoint:
     """The ASGI endpoint of ``POST /mcp``: authentication, then the SDK's stateless Streamable HTTP
     transport in JSON-response mode. `running` must be entered for the app's lifespan (the transport runs
     each call in a task group of its own)."""
 
     def __init__(self, settings: ServerSettings) -> None:
-        self._server = mcp_server(_decide_in_the_flow)
+        # decide, and the caller's saved classifiers as classify_<name> (mcp_classifiers).
+        self._server = mcp_server(_decide_in_the_flow, ClassifierTools(_answer_in_the_flow))
         self._max_body_bytes = settings.max_body_bytes
         self._manager: StreamableHTTPSessionManager | None = None
 

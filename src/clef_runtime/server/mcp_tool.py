@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
@@ -39,7 +39,7 @@ from clef_runtime.protocol.systemone import (
 from clef_runtime.server.errors import ApiError
 from clef_runtime.version import __version__
 
-__all__ = ["DECIDE_TOOL", "SERVER_NAME", "TOOL_NAME", "Decide", "mcp_server"]
+__all__ = ["DECIDE_TOOL", "SERVER_NAME", "TOOL_NAME", "Decide", "ToolSource", "mcp_server"]
 
 logger = logging.getLogger("clef_runtime.server")
 
@@ -50,6 +50,27 @@ Decide = Callable[[dict[str, Any], ServerRequestContext[Any, Any]], Awaitable[di
 """How a transport decides one request: ``(arguments, context) -> System One response``. Raises
 `RequestValidationError`, `ApiError` or another `ClefError` for a request it refuses (each becomes a tool
 error); anything else is an internal error."""
+
+
+class ToolSource(Protocol):
+    """Tools a transport offers besides ``decide``, which may differ from caller to caller (over HTTP: the
+    caller's saved classifiers, `clef_runtime.server.mcp_classifiers`)."""
+
+    async def list_tools(self, ctx: ServerRequestContext[Any, Any]) -> list[types.Tool]:
+        """The calling client's tools, in the order ``tools/list`` shows them."""
+        ...
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """The input schema of the tool ``name`` when it is one of this source's (None: it is not)."""
+        ...
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
+    ) -> dict[str, Any] | None:
+        """Answer a call of the tool ``name``: its structured result, or None when the caller has no such
+        tool. Raises as a `Decide` does for a call it refuses."""
+        ...
+
 
 _DESCRIPTION = f"""\
 Answer typed questions about a state (text, JSON and/or images) with a Clef decision model: a probability \
@@ -232,25 +253,30 @@ def _error_text(exc: ApiError | ClefError) -> str:
     return f"{exc.error_type}: {exc.message}"
 
 
-def mcp_server(decide: Decide) -> Server[Any]:
-    """An MCP server (the SDK's low-level ``Server``: our own schema and validation) whose one tool is
-    ``decide``, answered by ``decide``. Serve it over any transport."""
+def mcp_server(decide: Decide, more: ToolSource | None = None) -> Server[Any]:
+    """An MCP server (the SDK's low-level ``Server``: our own schema and validation) whose tools are
+    ``decide``, answered by ``decide``, and those of ``more`` (listed after it). Serve it over any
+    transport."""
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[DECIDE_TOOL])
+        extra = await more.list_tools(ctx) if more is not None else []
+        return types.ListToolsResult(tools=[DECIDE_TOOL, *extra])
+
+    async def dispatch(
+        name: str, arguments: dict[str, Any], ctx: ServerRequestContext[Any, Any]
+    ) -> dict[str, Any] | None:
+        """The tool's answer, or None when the caller has no tool ``name``."""
+        if name == TOOL_NAME:
+            return await decide(arguments, ctx)
+        return None if more is None else await more.call_tool(name, arguments, ctx)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if params.name != TOOL_NAME:
-            # An unknown tool is a protocol error, not a tool error (the spec's example).
-            raise MCPError(
-                types.INVALID_PARAMS, f"unknown tool {params.name!r}; this server has '{TOOL_NAME}'"
-            )
         try:
-            answer = await decide(dict(params.arguments or {}), ctx)
+            answer = await dispatch(params.name, dict(params.arguments or {}), ctx)
         except (ApiError, ClefError) as exc:
             return _error_result(_error_text(exc))
         except Exception:
@@ -258,11 +284,19 @@ def mcp_server(decide: Decide) -> Server[Any]:
             # (never an HTTP 5xx) and the traceback goes to the log.
             logger.exception("mcp tool call failed")
             return _error_result("internal_error: the server failed to answer this call; see its log")
+        if answer is None:
+            # An unknown tool is a protocol error, not a tool error (the spec's example).
+            others = " and the tools tools/list shows" if more is not None else ""
+            raise MCPError(
+                types.INVALID_PARAMS, f"unknown tool {params.name!r}; this server has '{TOOL_NAME}'{others}"
+            )
         return _decision_result(answer)
 
     def input_schema(name: str) -> dict[str, Any] | None:
         # Read by the SDK to check Mcp-Param-* headers (2026-07-28 HTTP) without listing the tools.
-        return DECIDE_TOOL.input_schema if name == TOOL_NAME else None
+        if name == TOOL_NAME:
+            return DECIDE_TOOL.input_schema
+        return None if more is None else more.input_schema(name)
 
     return Server(
         SERVER_NAME,

@@ -143,7 +143,8 @@ async def models(request: Request) -> JSONResponse:
     """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
     x_calibration, confidence}]}``; ``x_calibration``: the calibration applied to answers (label, file,
     sha256, temperatures) or null; ``confidence``: the engine's ``--confidence`` mode. The Jev card keeps its
-    exact shape."""
+    exact shape. Each tuned head (``--head NAME=DIR``) follows the base model in both lists, its ``data``
+    entry with ``x_head`` (base model, directory, weights sha256)."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
@@ -164,4 +165,24 @@ async def models(request: Request) -> JSONResponse:
         # The backbone's compute dtype (--dtype): bf16 answers drift slightly from the fp32 reference.
         "compute_dtype": engine.compute_dtype,
     }
-    return JSONResponse({"object": "list", "models": [card], "data": [openai_entry]})
+    models, data = [card], [openai_entry]
+    for name, head in engine.head_cards.items():
+        # A tuned head on the same backbone: a request whose model is its name is answered by it.
+        models.append(
+            {
+                "name": name,
+                "description": f"a tuned head on {engine.name}'s backbone (model={name!r} picks it)",
+                "release_date": release_date,
+            }
+        )
+        head_calibration = head.get("calibration")
+        data.append(
+            {
+                **openai_entry,
+                "id": name,
+                "owned_by": "clef-runtime",
+                "x_calibration": dict(head_calibration) if head_calibration is not None else None,
+                "x_head": {"base_model": engine.name, "path": head.get("path"), "sha256": head.get("sha256")},
+            }
+        )
+    return JSONResponse({"object": "list", "models": models, "data": data})

@@ -1,5 +1,6 @@
-"""Pages for people: the playground (``GET /``), the status page (``GET /status``, fed by
-``GET /status.json``), and the API docs (``/docs``, ``/redoc``) with every asset served from here.
+"""Pages for people: the playground (``GET /``), the saved classifiers (``GET /classifiers``: run one on a
+state), the status page (``GET /status``, fed by ``GET /status.json``), and the API docs (``/docs``,
+``/redoc``) with every asset served from here.
 
 Our pages are plain HTML/CSS/JS files in ``server/static`` (no build step). Swagger UI and ReDoc come from
 the pinned ``fastapi-offline`` package, which ships their files. Every page carries a Content-Security-Policy
@@ -54,7 +55,7 @@ _MEDIA_TYPES = {
     ".png": "image/png",
 }
 
-STATIC_FILES = ("playground.js", "status.js", "common.js", "pages.css", "favicon.svg")
+STATIC_FILES = ("playground.js", "classifiers.js", "status.js", "common.js", "pages.css", "favicon.svg")
 """Our assets, served at ``/static/<name>``; one explicit route each keeps the metrics' route labels exact."""
 
 VENDOR_FILES = {
@@ -121,6 +122,12 @@ for _name, _file in VENDOR_FILES.items():
 async def playground() -> Response:
     """The playground: build a System One request, decide, see every option's probability as a bar."""
     return _page(_our_file("playground.html"), _MEDIA_TYPES[".html"])
+
+
+@router.get("/classifiers", include_in_schema=False)
+async def classifiers_page() -> Response:
+    """The caller's saved classifiers (``/v1/classifiers``): pick one, write a state, run it."""
+    return _page(_our_file("classifiers.html"), _MEDIA_TYPES[".html"])
 
 
 @router.get("/status", include_in_schema=False)

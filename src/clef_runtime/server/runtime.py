@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from starlette.requests import Request
 
-from clef_runtime.engine.contract import DecisionEngine, PreparedItem
+from clef_runtime.engine.contract import DecisionEngine, IndependentRequest, PreparedItem, submit_parts
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.heap_trim import HeapTrimmer
 from clef_runtime.engine.loop import (
@@ -136,6 +136,19 @@ def local_engine_loop(engine: Engine, settings: ServerSettings, runtime: ServerR
 def question_types(item: PreparedItem) -> list[str]:
     """The type of every question of a prepared request, in order."""
     return [question.type for question in item.request.questions.values()]
+
+
+def _submit(
+    dispatcher: Dispatcher, prepared: PreparedItem, *, background: bool = False, waited_s: float = 0.0
+) -> Future[Decision]:
+    """Queue a prepared request; an independent one (``x_independent``) as its parts, one per question."""
+
+    def submit(item: PreparedItem) -> Future[Decision]:
+        return dispatcher.submit(item, item.record.input_tokens, background=background, waited_s=waited_s)
+
+    if isinstance(prepared, IndependentRequest):
+        return submit_parts(prepared, submit)
+    return submit(prepared)
 
 
 class ServerRuntime:
@@ -314,7 +327,13 @@ class ServerRuntime:
         :class:`InputTooLongError` (413) before any model work.
         """
         prepared = engine.prepare(data)
-        record = prepared.record
+        rows = prepared.parts if isinstance(prepared, IndependentRequest) else (prepared,)
+        for row in rows:
+            self._check_limit(row.record)
+        return prepared
+
+    def _check_limit(self, record: Any) -> None:
+        """Raises `InputTooLongError` for a row over the token limit (or truncated under reject)."""
         limit = self.settings.input_token_limit
         full = record.input_tokens + record.truncated_state_tokens
         if self.settings.on_overflow == "reject" and record.truncated_state_tokens > 0:
@@ -332,7 +351,6 @@ class ServerRuntime:
                 input_tokens=record.input_tokens,
                 limit=limit,
             )
-        return prepared
 
     async def prepare(self, data: Any) -> PreparedItem:
         """:meth:`prepare_sync` on the encode thread."""
@@ -347,7 +365,7 @@ class ServerRuntime:
         dispatcher = self._dispatcher
         if self._state != "ready" or dispatcher is None:
             raise SchedulerClosedError("the engine is not ready")
-        return dispatcher.submit(prepared, prepared.record.input_tokens, background=True)
+        return _submit(dispatcher, prepared, background=True)
 
     def _refusal(self, status: int, error_type: str, why: str, estimate_s: float) -> ApiError:
         """A request refused for want of capacity (counted by ``error_type``), with ``Retry-After``: the
@@ -377,7 +395,7 @@ class ServerRuntime:
             # waiting too, and under overload the encode thread has a queue of its own.
             arrived = getattr(request.state, "started_at", None) if request is not None else None
             waited = time.perf_counter() - arrived if arrived is not None else 0.0
-            future = dispatcher.submit(prepared, prepared.record.input_tokens, waited_s=waited)
+            future = _submit(dispatcher, prepared, waited_s=waited)
         except QueueFullError as exc:
             busy = f"the server is busy ({exc.queued} requests waiting, --max-queue {dispatcher.max_queue})"
             raise self._refusal(429, "queue_full", busy, exc.retry_after_s) from None

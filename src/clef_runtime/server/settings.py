@@ -96,6 +96,8 @@ class ServerSettings:
     jobs_batch_size: int = 1
     """Job lines started per engine step; an interactive request arriving meanwhile waits for at most one
     step."""
+    classifiers_db: str | None = None
+    """The saved classifiers' database (SQLite); None: ``classifiers.sqlite3`` beside the jobs database."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -157,6 +159,14 @@ class ServerSettings:
             return Path(self.jobs_db).expanduser()
         base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         return Path(base) / "clef-runtime" / "jobs.sqlite3"
+
+    @property
+    def classifiers_db_path(self) -> Path:
+        """Where the saved classifiers live: ``--classifiers-db``, else ``classifiers.sqlite3`` in the jobs
+        database's directory (one data directory per server, whether or not jobs are on)."""
+        if self.classifiers_db:
+            return Path(self.classifiers_db).expanduser()
+        return self.jobs_db_path.with_name("classifiers.sqlite3")
 
     @property
     def queue_timeout_s(self) -> float | None:
@@ -327,6 +337,14 @@ OPTIONS: tuple[Option, ...] = (
         "job lines started per engine step, only when no interactive request waits or runs (default 1: "
         "an interactive request arriving meanwhile waits for at most one step; more raise job throughput)",
         "N",
+    ),
+    Option(
+        "classifiers_db",
+        "--classifiers-db",
+        "CLEF_CLASSIFIERS_DB",
+        str,
+        "the saved classifiers' database file (SQLite; default classifiers.sqlite3 beside the jobs database)",
+        "PATH",
     ),
     Option(
         "log_requests",
