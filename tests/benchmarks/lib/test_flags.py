@@ -27,6 +27,7 @@ NON_DEFAULT: dict[str, Any] = {
     "confidence": "typesafe",
     "fused_kernels": False,
     "calibration": "calibration.json",
+    "head": ("tuned=/heads/tuned", "/heads/default"),
 }
 
 
