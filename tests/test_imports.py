@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 # version, options, release (a checkpoint's file layout), shards (the one shard reader) and logs (the log
 # format) are leaves every layer may read; the package root re-exports the engine's Clef. jobs (the durable
 # job store and the runner that feeds the engine's background lane) sits with the engine; evaluation
-# (measuring a loaded engine on labelled cases) sits with the server. scale (Ray Serve replicas and routing)
-# is built from the server's runtime, above it: the server never knows how it is scaled out. The entry points
-# (the CLI, the serve command, the quick bench) are on top.
+# (measuring a loaded engine on labelled cases) and tuning (training a head on them) sit with the server.
+# scale (Ray Serve replicas and routing) is built from the server's runtime, above it: the server never knows
+# how it is scaled out. The entry points (the CLI, the serve command, the quick bench) are on top.
 RANKS = {
     "version": 0,
     "options": 0,
@@ -37,6 +37,7 @@ RANKS = {
     "jobs": 5,
     "server": 6,
     "evaluation": 6,
+    "tuning": 6,
     "scale": 7,
     "cli": 8,
     "serve_command": 8,
@@ -177,6 +178,15 @@ def test_the_server_never_imports_the_scale_out() -> None:
     wrong["clef_runtime.server.app"].add("clef_runtime.scale.ray_serve")
     assert ("clef_runtime.server.app", "clef_runtime.scale.ray_serve") in _upward(wrong)
     assert not _upward(GRAPH)
+
+
+def test_only_the_cli_imports_tuning() -> None:
+    # Tuning sits beside evaluation (it reads model, engine, evaluation and protocol); nothing but the CLI may
+    # depend on it, evaluation included.
+    importers = {
+        m for m, edges in GRAPH.items() for n in edges if _layer(n) == "tuning" and _layer(m) != "tuning"
+    }
+    assert importers == {"clef_runtime.cli"}
 
 
 def test_every_module_has_a_layer() -> None:

@@ -31,7 +31,7 @@ def test_every_engine_field_has_exactly_one_option() -> None:
     assert all(option.flag == "--" + option.field.replace("_", "-") for option in ENGINE_OPTIONS)
 
 
-@pytest.mark.parametrize("command", ["decide", "serve", "bench", "eval", "calibrate", "mcp"])
+@pytest.mark.parametrize("command", ["decide", "serve", "bench", "eval", "calibrate", "tune", "mcp"])
 def test_model_subcommands_take_every_engine_option(command: str) -> None:
     flags = subcommand_flags(command)
     assert "--model" in flags

@@ -1,4 +1,4 @@
-"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, compare, jobs.
+"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, tune, compare, jobs.
 
 Invalid input exits with status 2 and one line on stderr naming the field (an unknown flag names the flag
 and the closest known one); heavy imports (torch) happen only in the subcommands that need them.
@@ -385,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_compare_arguments,
         add_eval_arguments,
     )
+    from clef_runtime.tuning.arguments import add_tune_arguments
 
     evaluation = "clef_runtime.evaluation.commands"
     model_commands: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Any]] = [
@@ -405,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
             "fit temperatures on a labelled case file (calibration.json)",
             add_calibrate_arguments,
             _deferred(evaluation, "run_calibrate"),
+        ),
+        (
+            "tune",
+            "fit the joint head to labelled cases, the backbone frozen (a head directory for --head)",
+            add_tune_arguments,
+            _deferred("clef_runtime.tuning.command", "run_tune"),
         ),
     ]
     for name, help_text, add_own_arguments, run in model_commands:
@@ -435,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InputFileError as exc:
             print(f"clef {args.command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    if args.command in ("decide", "serve", "mcp", "bench", "eval", "calibrate", "compare"):
+    if args.command in ("decide", "serve", "mcp", "bench", "eval", "calibrate", "tune", "compare"):
         # Before torch's first parallel operation: flush-to-zero and thread setup (see model/kernels.py).
         # `clef serve` and `clef mcp` run the model on an engine thread, which starts its own thread team:
         # one started here on the main thread as well would slow it (configure_cpu_threads says why).

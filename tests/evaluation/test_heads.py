@@ -58,3 +58,20 @@ def test_compare_takes_a_head_on_either_side(small_cases: Path, head_dir: Path, 
     assert json.loads(drift_json.read_text())["max_abs_dp"] > 1e-3
     assert main(["compare", str(small_cases), "--a", tuned, "--b", tuned, "--json", str(same_json)]) == 0
     assert json.loads(same_json.read_text())["max_abs_dp"] == 0.0
+
+
+def test_calibrate_refuses_a_head_that_carries_its_own_calibration(
+    small_cases: Path, head_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibrated = tmp_path / "calibrated"
+    calibrated.mkdir()
+    for item in head_dir.iterdir():
+        (calibrated / item.name).write_bytes(item.read_bytes())
+    common = ["calibrate", str(small_cases), "--model", "tiny", "--out", str(tmp_path / "out.json")]
+    # Without its own calibration the head is fitted like the release head ...
+    assert main([*common, "--head", str(calibrated)]) == 0
+    # ... with one, the engine would apply it while fitting: refused before the model loads.
+    (calibrated / "calibration.json").write_text((tmp_path / "out.json").read_text())
+    capsys.readouterr()
+    assert main([*common, "--head", str(calibrated)]) == 2
+    assert "carries its own calibration.json" in capsys.readouterr().err

@@ -26,7 +26,14 @@ from clef_runtime.evaluation.runner import (
     calibrated_outcomes,
     progress_bar,
 )
-from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, EngineOptions, OptionsError, read_option_values
+from clef_runtime.options import (
+    ENGINE_OPTIONS,
+    MODEL_OPTION,
+    EngineOptions,
+    OptionsError,
+    parse_head_specs,
+    read_option_values,
+)
 from clef_runtime.protocol.errors import ClefError
 
 __all__ = ["run_calibrate", "run_compare", "run_eval"]
@@ -183,6 +190,7 @@ def _brief(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @_command
 def run_calibrate(args: argparse.Namespace) -> int:
     """``clef calibrate``. Returns the exit status."""
+    from clef_runtime.engine.heads import HEAD_CALIBRATION_FILE
     from clef_runtime.evaluation.calibrate import TEMPERATURE_BOUNDS, fit_calibration
     from clef_runtime.evaluation.metrics import summarize
 
@@ -195,6 +203,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
             "temperatures are fitted on the model's raw probabilities: drop --calibration / CLEF_CALIBRATION",
             EXIT_USAGE,
         )
+    for spec in parse_head_specs(options.head):
+        own = spec.path / HEAD_CALIBRATION_FILE
+        if spec.name is None and own.exists():
+            raise _fail(
+                "calibrate",
+                f"--head {spec.path} carries its own {HEAD_CALIBRATION_FILE}, which the engine applies: "
+                "temperatures are fitted on raw probabilities, so move it away first (--out may replace it)",
+                EXIT_USAGE,
+            )
     cases = _cases("calibrate", args.file)
     holdout = _cases("calibrate", args.holdout) if args.holdout else None
     clef = _engine_from_args("calibrate", args, options)

@@ -4,6 +4,10 @@ The module tree reproduces the release's parameter names and shapes exactly (122
 config) so that `joint_head.safetensors` loads with `load_state_dict(strict=True)`. The torch modules only
 *hold* parameters; the forward pass is written here with functional ops and always runs in fp32.
 
+One forward (`_logits`) serves scoring (`score_batch`, under inference mode) and tuning (`training_logits`,
+with autograd; `option_features` + `option_logits` split it before the residual scorer, the last step that
+has parameters besides the three scalars). `save_files` writes a head back in the release layout.
+
 Batching: token-wise work (LayerNorm of the hidden rows, the memory projection and every key/value
 projection) runs on the records' rows packed end to end, so records of different lengths waste nothing
 there. Attention and routing run on records padded to a common T / Q / O with boolean masks (keys of
@@ -22,6 +26,7 @@ from typing import Any
 import safetensors
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from clef_runtime.encoding.encoder import QUESTION_TYPE_IDS
@@ -207,6 +212,43 @@ class _FieldDecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(width, eps=LAYER_NORM_EPS)
         self.norm2 = nn.LayerNorm(width, eps=LAYER_NORM_EPS)
         self.norm3 = nn.LayerNorm(width, eps=LAYER_NORM_EPS)
+
+
+@dataclass(frozen=True)
+class OptionFeatures:
+    """What the head's scoring step reads, packed per option [O, ...] (fp32, on the head's device).
+
+    ``option_fields``: each option's owning field after joint decoding (LN'd); ``option_rows``: the option's
+    routed row (LN'd); ``lexical_prior``: the unscaled lexical prior (the option's lexical direction . its
+    question's anchor); ``cosine``: cos(field, row). `JointSchemaHead.option_logits` turns them into logits
+    with the residual scorer and the three scalars, the only parameters after this point.
+    """
+
+    option_fields: Tensor
+    option_rows: Tensor
+    lexical_prior: Tensor
+    cosine: Tensor
+
+    @property
+    def num_options(self) -> int:
+        """The number of options (rows)."""
+        return int(self.cosine.shape[0])
+
+    def split(self, counts: Sequence[int]) -> list[OptionFeatures]:
+        """One `OptionFeatures` per consecutive group of ``counts`` options."""
+        parts = [torch.split(value, list(counts)) for value in self.tensors()]
+        return [OptionFeatures(*values) for values in zip(*parts, strict=True)]
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The four tensors in field order."""
+        return (self.option_fields, self.option_rows, self.lexical_prior, self.cosine)
+
+    @staticmethod
+    def cat(parts: Sequence[OptionFeatures]) -> OptionFeatures:
+        """The options of ``parts`` end to end."""
+        return OptionFeatures(
+            *(torch.cat(values) for values in zip(*(p.tensors() for p in parts), strict=True))
+        )
 
 
 @dataclass(frozen=True)
@@ -511,13 +553,84 @@ class JointSchemaHead(nn.Module):
         Records may differ in tokens, questions and options. Raises ValueError for mismatched lengths or
         shapes or an invalid layout.
         """
+        if not hiddens and not layouts and not option_lexicals:
+            return []
+        index = self._batch_index(hiddens, layouts, option_lexicals)
+        with torch.inference_mode():
+            hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
+            logits = self._logits(hidden_rows, lexical_rows, index)
+        return list(torch.split(logits, index.option_counts))
+
+    def training_logits(
+        self, hiddens: Sequence[Tensor], layouts: Sequence[HeadLayout], option_lexicals: Sequence[Tensor]
+    ) -> list[Tensor]:
+        """`score_batch` with autograd: the same forward (`_logits`), outside inference mode, so a loss on
+        the returned logits reaches every parameter that requires grad (``clef tune --tier full``).
+
+        Memory is kept for the backward pass, so batches should be smaller than for scoring. Raises like
+        `score_batch`.
+        """
+        if not hiddens and not layouts and not option_lexicals:
+            return []
+        index = self._batch_index(hiddens, layouts, option_lexicals)
+        hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
+        logits = self._logits(hidden_rows, lexical_rows, index)
+        return list(torch.split(logits, index.option_counts))
+
+    def option_features(
+        self, hiddens: Sequence[Tensor], layouts: Sequence[HeadLayout], option_lexicals: Sequence[Tensor]
+    ) -> list[OptionFeatures]:
+        """What the scoring step reads, per record (`OptionFeatures`), computed without grad: everything
+        of the forward before the residual scorer and the three scalars. `option_logits` of a record's
+        features equals its `score_batch` logits; a tuner that trains only the scorer and the scalars
+        computes these once instead of the whole forward every step. Raises like `score_batch`."""
+        if not hiddens and not layouts and not option_lexicals:
+            return []
+        index = self._batch_index(hiddens, layouts, option_lexicals)
+        # no_grad, not inference mode: inference tensors could not enter a later autograd graph.
+        with torch.no_grad():
+            hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
+            packed = self._option_features(hidden_rows, lexical_rows, index)
+        return packed.split(index.option_counts)
+
+    def option_logits(self, features: OptionFeatures) -> Tensor:
+        """The [O] logits of (possibly concatenated) `OptionFeatures`: the last step of the forward, with
+        autograd when grad is enabled (the features themselves are constants)."""
+        return self._score_options(features)
+
+    def save_files(self, directory: str | Path) -> Path:
+        """Writes this head in the release layout: ``joint_head.safetensors`` (every tensor of the
+        state_dict, fp32, contiguous, the release's names) and ``joint_head_config.json`` (the constructor
+        keys, readable by `read_head_config`), so that `from_files` loads it strictly.
+
+        Each file is written to a temporary name and renamed, so a reader never sees half a head. Returns
+        ``directory``. Raises OSError when it cannot be written.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            name: value.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+            for name, value in self.state_dict().items()
+        }
+        weights = directory / HEAD_WEIGHTS_FILE
+        config = directory / HEAD_CONFIG_FILE
+        staged_weights = weights.with_name(weights.name + ".tmp")
+        staged_config = config.with_name(config.name + ".tmp")
+        save_file(tensors, str(staged_weights))
+        staged_config.write_text(json.dumps(self.config, indent=2) + "\n", encoding="utf-8")
+        staged_weights.replace(weights)
+        staged_config.replace(config)
+        return directory
+
+    def _batch_index(
+        self, hiddens: Sequence[Tensor], layouts: Sequence[HeadLayout], option_lexicals: Sequence[Tensor]
+    ) -> _BatchIndex:
+        """Checks one batch's inputs and flattens its layouts. Raises ValueError."""
         if not (len(hiddens) == len(layouts) == len(option_lexicals)):
             raise ValueError(
                 f"score_batch: {len(hiddens)} hiddens, {len(layouts)} layouts, "
                 f"{len(option_lexicals)} option_lexicals"
             )
-        if not hiddens:
-            return []
         for record, (hidden, layout, lexical) in enumerate(
             zip(hiddens, layouts, option_lexicals, strict=True)
         ):
@@ -533,27 +646,41 @@ class JointSchemaHead(nn.Module):
                     f"record {record}: option_lexical must be [{layout.num_options}, {self.hidden_size}], "
                     f"got {list(lexical.shape)}"
                 )
+        return _BatchIndex.build(layouts, [hidden.shape[0] for hidden in hiddens], self.device)
+
+    def _packed_inputs(
+        self, hiddens: Sequence[Tensor], option_lexicals: Sequence[Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The records' hidden rows end to end on the head's device (their dtype kept: they are cast to
+        fp32 in blocks or after gathering) and their option lexical rows in fp32."""
         device = self.device
-        index = _BatchIndex.build(layouts, [hidden.shape[0] for hidden in hiddens], device)
-        with torch.inference_mode():
-            # Rows keep their dtype here; they are cast to fp32 in blocks (memory) or after gathering.
-            if len(hiddens) == 1:
-                hidden_rows = hiddens[0].to(device)
-            else:
-                hidden_rows = torch.cat([hidden.to(device) for hidden in hiddens])
-            lexical_rows = torch.cat(
-                [lexical.to(device=device, dtype=torch.float32) for lexical in option_lexicals]
-            )
-            logits = self._logits(hidden_rows, lexical_rows, index)
-        return list(torch.split(logits, index.option_counts))
+        if len(hiddens) == 1:
+            hidden_rows = hiddens[0].to(device)
+        else:
+            hidden_rows = torch.cat([hidden.to(device) for hidden in hiddens])
+        lexical_rows = torch.cat(
+            [lexical.to(device=device, dtype=torch.float32) for lexical in option_lexicals]
+        )
+        return hidden_rows, lexical_rows
 
     # --- forward pieces -------------------------------------------------------------------------------
 
     def _memory_rows(self, hidden_rows: Tensor) -> Tensor:
         """M = LN_hidden(hidden) @ memory_projectionᵀ, [N, W] fp32, computed in row blocks."""
         num_rows = hidden_rows.shape[0]
-        memory = torch.empty(num_rows, self.width, dtype=torch.float32, device=hidden_rows.device)
         block = max(1, self.memory_chunk_rows)
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            # Autograd cannot differentiate writes into `out=`; the blocks are kept for backward anyway.
+            return torch.cat(
+                [
+                    F.linear(
+                        _layer_norm(hidden_rows[start : start + block].to(torch.float32), self.hidden_norm),
+                        self.memory_projection.weight,
+                    )
+                    for start in range(0, num_rows, block)
+                ]
+            )
+        memory = torch.empty(num_rows, self.width, dtype=torch.float32, device=hidden_rows.device)
         for start in range(0, num_rows, block):
             normed = _layer_norm(hidden_rows[start : start + block].to(torch.float32), self.hidden_norm)
             torch.matmul(normed, self.memory_projection.weight.t(), out=memory[start : start + block])
@@ -622,6 +749,13 @@ class JointSchemaHead(nn.Module):
 
     def _logits(self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex) -> Tensor:
         """The reference forward (docs/model.md section 6) over a packed batch; returns packed [O] logits."""
+        return self._score_options(self._option_features(hidden_rows, lexical_rows, index))
+
+    def _option_features(
+        self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex
+    ) -> OptionFeatures:
+        """The forward up to the scoring step: routing, joint decoding and the parameter-free pieces of the
+        scores, packed per option."""
         batch, width = index.batch_size, self.width
         memory = self._memory_rows(hidden_rows)  # [N, W], also used un-normalised by the decoder
         span_means = self._span_means(hidden_rows, index)
@@ -688,17 +822,26 @@ class JointSchemaHead(nn.Module):
             question_means + global_vectors[index.question_records], dim=-1, eps=NORMALIZE_EPS
         )
         lexical_directions = F.normalize(lexical_rows, dim=-1, eps=NORMALIZE_EPS)
-        prior = _capped_scale(self.prior_logit_scale) * (
-            lexical_directions * anchors[index.option_owners]
-        ).sum(-1)
-        cosine = F.cosine_similarity(option_fields, option_rows, dim=-1, eps=COSINE_EPS)
+        return OptionFeatures(
+            option_fields=option_fields,
+            option_rows=option_rows,
+            lexical_prior=(lexical_directions * anchors[index.option_owners]).sum(-1),
+            cosine=F.cosine_similarity(option_fields, option_rows, dim=-1, eps=COSINE_EPS),
+        )
+
+    def _score_options(self, features: OptionFeatures) -> Tensor:
+        """Scoring: the scaled lexical prior plus the gated joint score (scaled cosine + residual scorer)."""
+        option_fields, option_rows = features.option_fields, features.option_rows
         pair_features = torch.cat(
             [option_fields, option_rows, option_fields * option_rows, (option_fields - option_rows).abs()],
             dim=-1,
         )
         first, last = self.residual_scorer[0], self.residual_scorer[3]
         residual = self._feedforward(pair_features, first, last).squeeze(-1)
-        joint = _capped_scale(self.joint_logit_scale) * cosine + residual
-        return prior + torch.sigmoid(self.residual_gate) * joint
+        joint = _capped_scale(self.joint_logit_scale) * features.cosine + residual
+        return (
+            _capped_scale(self.prior_logit_scale) * features.lexical_prior
+            + torch.sigmoid(self.residual_gate) * joint
+        )
 
     probabilities = staticmethod(probabilities)

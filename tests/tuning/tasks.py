@@ -1,0 +1,101 @@
+"""A synthetic task for tuning tests and measurements: "does this message raise a money matter?" (a noul
+question), true exactly when the state contains money keywords (the question itself uses none of them). The
+texts are drawn with a seeded generator, so a seed names a case file; an untrained head knows nothing about
+it (chance, ~0.5), a tuned one must learn it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+KEYWORDS = (
+    "invoice",
+    "refund",
+    "charged",
+    "payment",
+    "billing",
+    "receipt",
+    "overdue",
+    "subscription",
+    "credit",
+    "price",
+)
+_FILLER_TEXT = (
+    "the team met on monday to talk about the new office layout and the printer on the second floor "
+    "my laptop is slow since the update and the screen flickers when i open the calendar "
+    "please move our weekly meeting to thursday afternoon because the room is booked "
+    "the delivery of the chairs arrived late and one box was left at the front desk "
+    "can someone reset my password for the project wiki i cannot log in from home "
+    "lunch will be served in the kitchen and there are sandwiches for everyone today"
+)
+FILLER = tuple(_FILLER_TEXT.split())
+#: The default shape: 4 to 8 filler words, and 12 keyword mentions in a positive. The tiny model's random
+#: backbone carries a single keyword among 20 words too weakly to learn from 150 cases (docs/tuning.md,
+#: "Measured"): a positive's words are mostly keywords here.
+WORDS = (4, 8)
+MENTIONS = 12
+#: The task's size: 150 training cases, 60 held out.
+TRAIN_CASES, HOLDOUT_CASES = 150, 60
+QUESTION = {"billing": {"type": "noul", "instructions": "Does this message raise a money matter?"}}
+
+
+def billing_case(
+    rng: random.Random, number: int, prefix: str, words: tuple[int, int] = WORDS, mentions: int = MENTIONS
+) -> dict[str, Any]:
+    """One case: ``words`` (low, high) filler words, and ``mentions`` keywords at random places for a
+    positive (half the cases)."""
+    text = [rng.choice(FILLER) for _ in range(rng.randint(*words))]
+    positive = rng.random() < 0.5
+    if positive:
+        for _ in range(mentions):
+            text.insert(rng.randint(1, len(text)), rng.choice(KEYWORDS))
+    return {
+        "id": f"{prefix}-{number}",
+        "state": " ".join(text),
+        "questions": QUESTION,
+        "expected": {"billing": positive},
+    }
+
+
+def billing_cases(count: int, seed: int, prefix: str = "c", **shape: Any) -> list[dict[str, Any]]:
+    """``count`` cases drawn with ``seed`` (``shape``: `billing_case`'s ``words`` and ``mentions``)."""
+    rng = random.Random(seed)
+    return [billing_case(rng, number, prefix, **shape) for number in range(count)]
+
+
+def write_cases(path: Path, cases: list[dict[str, Any]]) -> Path:
+    """Writes ``cases`` as a case file (one JSON object per line)."""
+    path.write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
+    return path
+
+
+def write_task_files(directory: Path) -> tuple[Path, Path]:
+    """(training file, holdout file) of the keyword task in ``directory``: `TRAIN_CASES` cases of seed 1
+    and `HOLDOUT_CASES` of seed 2 (other texts)."""
+    return (
+        write_cases(directory / "train.jsonl", billing_cases(TRAIN_CASES, 1, "t")),
+        write_cases(directory / "holdout.jsonl", billing_cases(HOLDOUT_CASES, 2, "h")),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.tuning.tasks DIR``: writes the tests' keyword task as DIR/train.jsonl (150 cases),
+    DIR/holdout.jsonl and DIR/test.jsonl (60 other cases each): README's tuning walk-through."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m tests.tuning.tasks DIR", file=sys.stderr)
+        return 2
+    directory = Path(args[0])
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in write_task_files(directory):
+        print(path)
+    print(write_cases(directory / "test.jsonl", billing_cases(HOLDOUT_CASES, 3, "e")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
