@@ -109,3 +109,17 @@ def tiny_server(**overrides: Any) -> Iterator[TinyServer]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def expected_meters(body: dict[str, Any]) -> dict[str, float]:
+    """Accessible name -> probability, from an API answer, as the pages' meters name them (noul: p(true)
+    and round(1 - p, 4))."""
+    meters = {}
+    for qid, answer in body["answers"].items():
+        if answer["type"] == "noul":
+            meters[f"{qid}: true"] = answer["noul"]
+            meters[f"{qid}: false"] = round(1 - answer["noul"], 4)
+        else:
+            for option, p in answer["probabilities"].items():
+                meters[f"{qid}: {option}"] = p
+    return meters

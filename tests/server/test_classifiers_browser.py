@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server.browser import chromium_browser
+from tests.server.browser import chromium_browser, expected_meters
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeClef
 
@@ -30,19 +30,6 @@ QUESTIONS: dict[str, Any] = {
 def browser() -> Iterator[Any]:
     with chromium_browser() as launched:
         yield launched
-
-
-def _meters(body: dict[str, Any]) -> dict[str, float]:
-    """Accessible name -> probability, from an API answer (noul: p(true) and round(1 - p, 4))."""
-    meters = {}
-    for qid, answer in body["answers"].items():
-        if answer["type"] == "noul":
-            meters[f"{qid}: true"] = answer["noul"]
-            meters[f"{qid}: false"] = round(1 - answer["noul"], 4)
-        else:
-            for option, p in answer["probabilities"].items():
-                meters[f"{qid}: {option}"] = p
-    return meters
 
 
 def test_the_page_runs_a_saved_classifier_and_shows_the_api_numbers(
@@ -89,7 +76,7 @@ def test_the_page_runs_a_saved_classifier_and_shows_the_api_numbers(
             meter.get_attribute("aria-label"): float(meter.get_attribute("aria-valuenow"))
             for meter in page.get_by_role("meter").all()
         }
-        assert shown == _meters(body)
+        assert shown == expected_meters(body)
         # The same answer the route gives anyone with the key.
         again = httpx.post(
             f"{live.url}/v1/classifiers/triage/decide",

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server.browser import TinyServer, chromium_browser, tiny_server
+from tests.server.browser import TinyServer, chromium_browser, expected_meters, tiny_server
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeClef
 
@@ -85,19 +85,6 @@ def _decide(page: Any) -> Any:
     return info.value
 
 
-def _expected_meters(body: dict[str, Any]) -> dict[str, float]:
-    """Accessible name -> probability, from an API response (noul: p(true) and round(1 - p, 4))."""
-    meters = {}
-    for qid, answer in body["answers"].items():
-        if answer["type"] == "noul":
-            meters[f"{qid}: true"] = answer["noul"]
-            meters[f"{qid}: false"] = round(1 - answer["noul"], 4)
-        else:
-            for option, p in answer["probabilities"].items():
-                meters[f"{qid}: {option}"] = p
-    return meters
-
-
 def _meters_on_page(page: Any) -> dict[str, float]:
     page.get_by_role("meter").first.wait_for()
     found = {}
@@ -129,13 +116,13 @@ def test_playground_decides_an_example_and_its_meters_are_the_api_numbers(
     assert json.loads(response.request.post_data) == _request_json(page)
     assert {a["type"] for a in body["answers"].values()} == {"noul", "choice", "score"}
 
-    expected = _expected_meters(body)
+    expected = expected_meters(body)
     page.get_by_role("meter", name="urgency: 2", exact=True).wait_for()
     assert _meters_on_page(page) == expected  # exactly the numbers the API returned
 
     # The same request sent without the browser gets the same numbers.
     direct = httpx.post(server.url + "/v1/systemone", json=_request_json(page), timeout=120).json()
-    assert _expected_meters(direct) == pytest.approx(expected, abs=1e-4)
+    assert expected_meters(direct) == pytest.approx(expected, abs=1e-4)
 
     usage = page.locator("#usage")
     assert usage.get_by_text("Input tokens").is_visible()
@@ -235,7 +222,7 @@ def test_uploaded_and_dropped_images_become_data_urls_and_are_decided(
     response = _decide(page)
     assert response.status == 200, response.text()
     assert json.loads(response.request.post_data)["images"] == images
-    assert _meters_on_page(page) == _expected_meters(response.json())
+    assert _meters_on_page(page) == expected_meters(response.json())
     assert watched.console_errors == []
 
 

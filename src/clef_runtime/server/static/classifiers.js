@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const { h, formatMs, percent, fetchStatus, showBanner } = window.Clef;
+  const { h, bar, formatMs, fetchStatus, showBanner } = window.Clef;
   const KEY_STORAGE = "clef-playground-api-key";
   const $ = (id) => document.getElementById(id);
   let classifiers = [];
@@ -161,20 +161,6 @@
   }
 
   // ------------------------------------------------------------------------------------------- answers
-
-  function bar(qid, optionId, p, top, label) {
-    const fill = h("div", { class: "fill" });
-    fill.style.width = Math.max(0, Math.min(1, p)) * 100 + "%";
-    return h("div", { class: "bar-row" + (top ? " top" : "") },
-      h("span", { class: "name", text: label || optionId }),
-      h("div", {
-        class: "bar", role: "meter", "aria-label": qid + ": " + optionId,
-        "aria-valuenow": String(p), "aria-valuemin": "0", "aria-valuemax": "1",
-        "aria-valuetext": p + " (" + percent(p) + ")",
-      }, fill),
-      h("span", { class: "value", text: p.toFixed(4) }),
-    );
-  }
 
   function answerCard(qid, answer) {
     const card = h("section", { class: "answer", "aria-label": "Answer to " + qid }, h("h3", { text: qid }));

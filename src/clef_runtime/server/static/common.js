@@ -1,5 +1,6 @@
-// Shared by the playground and the status page: a DOM builder (text only, never HTML, so a value from a
-// request can never become markup), number formatting, and the "untrained model" banner.
+// Shared by the playground, the classifiers and the status pages: a DOM builder (text only, never HTML, so a
+// value from a request can never become markup), number formatting, the probability bar, and the "untrained
+// model" banner.
 "use strict";
 
 window.Clef = (function () {
@@ -38,6 +39,21 @@ window.Clef = (function () {
     return (p * 100).toFixed(1) + " %";
   }
 
+  // One option's probability as a labelled meter (the playground's and the classifiers page's answers).
+  function bar(qid, optionId, p, top, label) {
+    const fill = h("div", { class: "fill" });
+    fill.style.width = Math.max(0, Math.min(1, p)) * 100 + "%";
+    return h("div", { class: "bar-row" + (top ? " top" : "") },
+      h("span", { class: "name", text: label || optionId }),
+      h("div", {
+        class: "bar", role: "meter", "aria-label": qid + ": " + optionId,
+        "aria-valuenow": String(p), "aria-valuemin": "0", "aria-valuemax": "1",
+        "aria-valuetext": p + " (" + percent(p) + ")",
+      }, fill),
+      h("span", { class: "value", text: p.toFixed(4) }),
+    );
+  }
+
   async function fetchStatus() {
     const response = await fetch("/status.json", { headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error("/status.json answered " + response.status);
@@ -54,5 +70,5 @@ window.Clef = (function () {
       : "";
   }
 
-  return { h, formatBytes, formatMs, percent, fetchStatus, showBanner };
+  return { h, bar, formatBytes, formatMs, percent, fetchStatus, showBanner };
 })();
