@@ -136,6 +136,26 @@ def test_calibrate_writes_a_calibration_the_engine_accepts(
     assert (out / REPORT_FILE).is_file()
 
 
+@pytest.mark.slow
+def test_calibrate_warns_when_the_holdout_has_no_wrong_answer(
+    default_run: CliRun,
+    tiny: Clef,
+    billing_files: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    train, holdout = billing_files
+    assert default_run.report["holdout"]["after"]["overall"]["accuracy"] == 1.0  # the defaults' run
+    cache = Path(default_run.report["features"]["cache_dir"])
+    capsys.readouterr()
+    report = tune_in_process(tiny, train, tmp_path / "head", holdout=holdout, cache_dir=cache, calibrate=True)
+    assert report["features"]["computed"] == 0  # the default run's features, read back
+    assert report["holdout"]["after"]["overall"]["accuracy"] == 1.0
+    assert report["calibration"]["no_wrong_answer"] == ["noul"]
+    assert report["calibration"]["temperatures"]["noul"] < 1  # it could only sharpen
+    assert "answers every held-out noul question right" in capsys.readouterr().err
+
+
 def test_separable_types_are_those_without_a_wrong_scored_answer() -> None:
     def outcome(kind: str, p_true: float, expected: int | None) -> Outcome:
         return Outcome("c", "q", kind, ("true", "false"), np.array([p_true, 1 - p_true]), expected)
