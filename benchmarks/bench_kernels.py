@@ -220,7 +220,7 @@ def component_breakdown(model: Any, ids: Any) -> dict[str, float]:
             ("torch_chunk_gated_delta_rule", "gdn_delta_rule"),
             ("chunk_gated_delta_rule", "gdn_delta_rule"),
             ("causal_conv1d_fn", "gdn_conv"),
-            ("causal_conv1d", "gdn_conv"),
+            ("causal_conv1d_time_major", "gdn_conv"),
             ("gated_rms_norm", "gdn_gated_norm"),
         ):
             if hasattr(owner, attribute):

@@ -6,7 +6,7 @@ against a straightforward per-token / per-tap implementation written here in flo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 from clef_runtime.model import kernels
 from clef_runtime.model.kernels import (
     causal_conv1d,
+    causal_conv1d_time_major,
     chunk_gated_delta_rule,
     configure_cpu_threads,
     gated_rms_norm,
@@ -236,6 +237,38 @@ def test_causal_conv1d_matches_transformers_and_naive(
     assert max_abs(out, naive) < TOLERANCE
 
 
+@pytest.mark.parametrize("previous_len", [0, 1, 3, 4])
+@pytest.mark.parametrize("seq_len", [1, 2, 7])
+def test_causal_conv1d_time_major_continues_from_previous_inputs(previous_len: int, seq_len: int) -> None:
+    """The conv of a chunk that follows cached inputs equals the tail of the conv of the whole
+    concatenation (what transformers' chunked prefill computes); fewer cached inputs than K - 1 read as
+    zeros before them."""
+    generator = torch.Generator().manual_seed(previous_len * 10 + seq_len)
+    channels = 24
+    previous = torch.randn(2, channels, previous_len, generator=generator)
+    sequence = torch.randn(2, seq_len, channels, generator=generator)
+    weight = torch.randn(channels, 4, generator=generator)
+    bias = torch.randn(channels, generator=generator)
+    out = causal_conv1d_time_major(
+        sequence, weight, bias, "silu", previous=previous if previous_len else None
+    )
+    whole = torch.cat([previous, sequence.transpose(1, 2)], dim=-1)
+    expected = F.silu(naive_causal_conv(whole, weight, bias))[:, :, -seq_len:].transpose(1, 2)
+    assert out.shape == (2, seq_len, channels) and out.dtype == torch.float32 and out.is_contiguous()
+    assert max_abs(out, expected) < TOLERANCE
+
+
+def test_causal_conv1d_time_major_upcasts_bf16_once_and_equals_the_fp32_conv() -> None:
+    generator = torch.Generator().manual_seed(3)
+    sequence = torch.randn(1, 9, 16, generator=generator).bfloat16()
+    previous = torch.randn(1, 16, 4, generator=generator).bfloat16()
+    weight = torch.randn(16, 4, generator=generator).bfloat16()
+    out = causal_conv1d_time_major(sequence, weight, previous=previous)
+    exact = causal_conv1d_time_major(sequence.float(), weight.float(), previous=previous.float())
+    assert out.dtype == torch.float32
+    assert torch.equal(out, exact)
+
+
 def test_causal_conv1d_refuses_packed_sequences() -> None:
     with pytest.raises(ValueError, match="packed"):
         causal_conv1d(torch.zeros(1, 4, 8), torch.zeros(4, 4), seq_idx=torch.zeros(1, 8, dtype=torch.int32))
@@ -345,6 +378,70 @@ def test_model_forward_with_kernels_matches_reference(
                 assert max_abs(ours, full) < 1e-4
     finally:
         uninstall_cpu_kernels(model)
+
+
+def conv_states(cache: DynamicCache) -> list[torch.Tensor]:
+    return [layer.conv_states[0] for layer in cache.layers if hasattr(layer, "conv_states")]
+
+
+def kernel_conv_states_against_reference(
+    model: torch.nn.Module, run: Callable[[], tuple[torch.Tensor, DynamicCache]]
+) -> list[torch.Tensor]:
+    """Run ``run`` with transformers' forward, then with the kernels installed; check the hidden rows and the
+    conv inputs each cache keeps, and return the kernels' kept inputs."""
+    with torch.inference_mode():
+        reference, reference_cache = run()
+        install_cpu_kernels(model)
+        ours, our_cache = run()
+    assert max_abs(ours, reference) < 1e-4
+    ours_states, reference_states = conv_states(our_cache), conv_states(reference_cache)
+    assert len(ours_states) == len(reference_states) == 3
+    # The first layer reads the same embeddings, so its kept inputs are the same bits; later layers read
+    # hidden rows that differ by rounding.
+    assert torch.equal(ours_states[0], reference_states[0])
+    for mine, theirs in zip(ours_states, reference_states, strict=True):
+        assert mine.shape == theirs.shape
+        assert max_abs(mine, theirs) < 1e-4
+    return ours_states
+
+
+@pytest.mark.parametrize("chunks", [(3,) * 20, (2, 1, 5, 64, 3, 1, 100)])
+def test_chunked_prefill_with_kernels_keeps_the_reference_conv_states(chunks: tuple[int, ...]) -> None:
+    """Chunks shorter than the conv kernel and single tokens between longer chunks: the same hidden rows
+    as transformers' own path, and the cache keeps exactly the conv inputs the reference keeps."""
+    model = build_model(small_config(), seed=4, mild_decay=True)
+    ids = torch.randint(0, 512, (1, sum(chunks)), generator=torch.Generator().manual_seed(8))
+
+    def run() -> tuple[torch.Tensor, DynamicCache]:
+        cache = DynamicCache(config=model.config)
+        parts, start = [], 0
+        for length in chunks:
+            out = model(input_ids=ids[:, start : start + length], cache=cache, use_cache=True)
+            parts.append(out.last_hidden_state)
+            start += length
+        return torch.cat(parts, dim=1), cache
+
+    kept = kernel_conv_states_against_reference(model, run)
+    assert all(state.shape[-1] == 4 for state in kept)  # the kernel's width, nothing more
+
+
+def test_recording_cache_keeps_every_conv_input_with_kernels() -> None:
+    """A cache recording its past (for a later crop) keeps the whole concatenation of conv inputs, as with
+    the reference forward, and the hidden rows still match."""
+    model = build_model(small_config(), seed=5, mild_decay=True)
+    ids = torch.randint(0, 512, (1, 30), generator=torch.Generator().manual_seed(9))
+
+    def run() -> tuple[torch.Tensor, DynamicCache]:
+        cache = DynamicCache(config=model.config)
+        parts = [model(input_ids=ids[:, :20], cache=cache, use_cache=True).last_hidden_state]
+        for layer in cache.layers:
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
+        parts.append(model(input_ids=ids[:, 20:], cache=cache, use_cache=True).last_hidden_state)
+        return torch.cat(parts, dim=1), cache
+
+    kept = kernel_conv_states_against_reference(model, run)
+    assert all(state.shape[-1] == 4 + 10 for state in kept)  # the last 4 of the first call, then all 10
 
 
 def test_model_with_kernels_single_token_steps_and_padding_mask() -> None:
