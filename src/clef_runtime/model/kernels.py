@@ -233,10 +233,10 @@ def causal_conv1d_time_major(
     depthwise convolution over that buffer as a channels-last image does the rest in one pass.
     transformers' chunked prefill instead concatenates the cached state with the channel-major view
     of the projection, and its transposed copies cost more than the conv itself. Measured on 2 cores
-    of a Xeon, [1, 1,024, 8,192] bf16 after a cached state, median of 15: 92 ms for that
-    concatenation and a conv over it, 41 ms for K shifted multiply-adds over this buffer, 23 ms for
-    the channels-last convolution. fp32 throughout: bf16 elementwise arithmetic on CPUs converts
-    both ways at every operation.
+    of a Xeon with AMX, [1, 1,024, 8,192] bf16 after a cached state (medians of 7 and 15 runs): 92 ms
+    for that concatenation and a conv over it, 39-41 ms for K shifted multiply-adds over this
+    buffer, 23 ms for the channels-last convolution. fp32 throughout: bf16 elementwise arithmetic on
+    CPUs converts both ways at every operation.
 
     Args:
         sequence: [batch, time, channels] (any strides, any float dtype).
