@@ -6,12 +6,14 @@ against a straightforward per-token / per-tap implementation written here in flo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, Qwen3_5TextConfig
+from transformers import cache_utils as hf_cache_utils
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 
 from clef_runtime.model import kernels
@@ -394,6 +396,8 @@ def kernel_conv_states_against_reference(
         install_cpu_kernels(model)
         ours, our_cache = run()
     assert max_abs(ours, reference) < 1e-4
+    # Positions come from the cache's token count (per linear-attention layer on transformers >= 5.25).
+    assert our_cache.get_seq_length() == reference_cache.get_seq_length() == reference.shape[1]
     ours_states, reference_states = conv_states(our_cache), conv_states(reference_cache)
     assert len(ours_states) == len(reference_states) == 3
     # The first layer reads the same embeddings, so its kept inputs are the same bits; later layers read
@@ -425,23 +429,36 @@ def test_chunked_prefill_with_kernels_keeps_the_reference_conv_states(chunks: tu
     assert all(state.shape[-1] == 4 for state in kept)  # the kernel's width, nothing more
 
 
-def test_recording_cache_keeps_every_conv_input_with_kernels() -> None:
-    """A cache recording its past (for a later crop) keeps the whole concatenation of conv inputs, as with
-    the reference forward, and the hidden rows still match."""
+def test_recording_cache_runs_the_reference_forward() -> None:
+    """A cache recording its past for a later crop (speculative decoding) gets exactly what transformers'
+    own forward leaves in it, kernels installed or not: every conv input since recording began (and, on
+    transformers >= 5.25, the intermediate recurrent states it was asked to keep)."""
     model = build_model(small_config(), seed=5, mild_decay=True)
     ids = torch.randint(0, 512, (1, 30), generator=torch.Generator().manual_seed(9))
+    keeps_states = (
+        "recurrent_states_to_keep"
+        in inspect.signature(hf_cache_utils.LinearAttentionLayer.activate_past_recording).parameters
+    )
 
     def run() -> tuple[torch.Tensor, DynamicCache]:
         cache = DynamicCache(config=model.config)
         parts = [model(input_ids=ids[:, :20], cache=cache, use_cache=True).last_hidden_state]
         for layer in cache.layers:
             if hasattr(layer, "activate_past_recording"):
-                layer.activate_past_recording()
+                layer.activate_past_recording(**({"recurrent_states_to_keep": 2} if keeps_states else {}))
         parts.append(model(input_ids=ids[:, 20:], cache=cache, use_cache=True).last_hidden_state)
         return torch.cat(parts, dim=1), cache
 
-    kept = kernel_conv_states_against_reference(model, run)
-    assert all(state.shape[-1] == 4 + 10 for state in kept)  # the last 4 of the first call, then all 10
+    with torch.inference_mode():
+        reference, reference_cache = run()
+        install_cpu_kernels(model)
+        ours, our_cache = run()
+    assert max_abs(ours, reference) < 1e-4
+    ours_states, reference_states = conv_states(our_cache), conv_states(reference_cache)
+    assert torch.equal(ours_states[0], reference_states[0])  # the first layer reads the same embeddings
+    for mine, theirs in zip(ours_states, reference_states, strict=True):
+        assert mine.shape == theirs.shape == (1, theirs.shape[1], 4 + 10)
+        assert max_abs(mine, theirs) < 1e-4
 
 
 def test_model_with_kernels_single_token_steps_and_padding_mask() -> None:

@@ -553,15 +553,19 @@ def _gated_delta_net_forward(
     attention_mask: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """``Qwen3_5GatedDeltaNet.forward`` (transformers 5.24) with the CPU kernels of this module.
+    """``Qwen3_5GatedDeltaNet.forward`` (transformers 5.24 and 5.25) with the CPU kernels of this module.
 
-    Same cache protocol as the reference: conv state via ``cache.update_conv_state`` (prefill /
-    chunked prefill) and the reference per-token kernels for cached single-token decode.
+    The cache sees what the reference forward would leave in it: the last K conv inputs (handed over
+    by :func:`_keep_conv_inputs`), the token count transformers 5.25 keeps per linear-attention layer,
+    and the recurrent state. A cache recording its past for a later ``crop`` (speculative decoding;
+    5.25 also keeps intermediate recurrent states there) runs the reference forward itself.
     """
     if cache is None:
         cache = kwargs.pop("cache_params", None)
     else:
         kwargs.pop("cache_params", None)
+    if cache is not None and cache.is_recording_past(self.layer_idx):
+        return type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
     hidden_states = _qwen3_5.apply_mask_to_padding_states(hidden_states, attention_mask)
     batch, seq_len, _ = hidden_states.shape
     if cache is not None:
@@ -577,31 +581,20 @@ def _gated_delta_net_forward(
     _refuse_packed_sequences(kwargs)
     conv_weight = self.conv1d.weight.squeeze(1)
 
-    recording_past = cache is not None and cache.is_recording_past(self.layer_idx)
-    if conv_state is not None and seq_len == 1 and not recording_past:  # cached single-token decode
+    if conv_state is not None and seq_len == 1:  # cached single-token decode: the state is updated in place
         mixed_qkv = _qwen3_5.causal_conv1d_update(
             projected.transpose(1, 2), conv_state, conv_weight, self.conv1d.bias, self.activation
         ).transpose(1, 2)
-    elif recording_past:  # the cache keeps every input for a rollback: its own concatenation
-        full = cache.update_conv_state(
-            projected.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size
-        )
-        mixed_qkv = causal_conv1d_time_major(
-            full.transpose(1, 2), conv_weight, self.conv1d.bias, self.activation
-        )[:, -seq_len:]
+        _count_in_place_token(cache, self.layer_idx)
     else:
         # fp32 out: the delta rule computes in fp32 whatever the model's dtype (bf16 states would drift).
-        # The conv reads the cached inputs before this chunk directly; the cache is then handed only the
-        # last K inputs, from which it keeps its new state exactly as from the whole concatenation.
+        # The conv reads the cached inputs before this chunk directly, instead of from the cache's
+        # concatenation of them with the whole chunk.
         mixed_qkv = causal_conv1d_time_major(
             projected, conv_weight, self.conv1d.bias, self.activation, previous=conv_state
         )
         if cache is not None:
-            cache.update_conv_state(
-                projected[:, -self.conv_kernel_size :].transpose(1, 2),
-                self.layer_idx,
-                conv_kernel_size=self.conv_kernel_size,
-            )
+            _keep_conv_inputs(cache, self.layer_idx, projected, self.conv_kernel_size)
 
     query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     query = query.reshape(batch, seq_len, -1, self.head_k_dim)
@@ -641,6 +634,30 @@ def _gated_delta_net_forward(
     else:
         core_out = norm(core_out, z)
     return self.out_proj(core_out.reshape(batch, seq_len, -1).to(hidden_states.dtype))
+
+
+def _keep_conv_inputs(cache: Any, layer_idx: int, projected: torch.Tensor, kernel_size: int) -> None:
+    """Leave in ``cache`` what the reference's ``update_conv_state(projected)`` would: the last
+    ``kernel_size`` conv inputs of the sequence so far, and (transformers >= 5.25) the layer's token count.
+
+    Only the last ``kernel_size`` inputs are handed over, so the cache concatenates and copies a few
+    columns instead of the whole chunk; its new state comes out the same, since it keeps the last
+    ``kernel_size`` columns of [old state, handed inputs] either way. transformers 5.25 also counts the
+    layer's tokens by the width it is handed, so the rest of the chunk is added to that count here.
+    """
+    tail = projected[:, -kernel_size:].transpose(1, 2)
+    cache.update_conv_state(tail, layer_idx, conv_kernel_size=kernel_size)
+    counted = getattr(cache.layers[layer_idx], "cumulative_length_linear", None)
+    if counted is not None:
+        counted.add_(projected.shape[1] - tail.shape[-1])
+
+
+def _count_in_place_token(cache: Any, layer_idx: int) -> None:
+    """transformers >= 5.25 counts a decoded token whose conv state was updated in place (``increase_count``);
+    5.24 keeps no such count."""
+    increase = getattr(cache, "increase_count", None)
+    if increase is not None:
+        increase(layer_idx, 0)
 
 
 def _gated_delta_net_layers(model: nn.Module) -> list[nn.Module]:
