@@ -28,6 +28,7 @@ __all__ = [
     "ENCODE_OPTION_FIELDS",
     "ENGINE_OPTIONS",
     "FP32_COMPUTE_WEIGHT_MODES",
+    "HEAD_NAME",
     "MODEL_OPTION",
     "EngineOptions",
     "HeadSpec",
@@ -202,7 +203,7 @@ def option_table_markdown(options: Iterable[Option]) -> str:
 # ------------------------------------------------------------------------------------------- heads
 
 #: A head's name: what a request's ``model`` says to pick it.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+HEAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,12 @@ class HeadSpec:
             # No "=", or a path that itself contains "=" after a separator: a bare directory.
             name, path = "", text
         name, path = name.strip(), path.strip()
-        if sep and name and not _NAME.fullmatch(name):
+        if sep and not name and path and text.lstrip().startswith("="):
+            raise OptionsError(
+                f"--head {text!r}: the name before '=' is empty; give NAME=DIR, or DIR alone to replace the "
+                "release head"
+            )
+        if sep and name and not HEAD_NAME.fullmatch(name):
             raise OptionsError(
                 f"--head {text!r}: the name must be 1-64 letters, digits, '.', '_', ':' or '-', starting "
                 "with a letter or digit"

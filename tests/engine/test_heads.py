@@ -119,7 +119,8 @@ def test_a_bare_head_directory_replaces_the_release_head(tiny: Clef, head_dirs: 
     for model in (None, "anything"):
         (got,) = clef.probabilities_encoded([clef.prepare(request(model=model))])
         assert_close(got, want)
-    assert clef.head_cards == {}
+    (default,) = clef.head_infos()  # no named head: the directory replaced the release's
+    assert default.default and default.name == clef.name and default.path == str(head_dirs["b"])
 
 
 def test_a_head_with_its_own_calibration_uses_it_and_the_others_do_not(
@@ -140,14 +141,16 @@ def test_a_head_with_its_own_calibration_uses_it_and_the_others_do_not(
         assert_close([g], [[s / sum(scaled) for s in scaled]], 1e-6)
     assert "x_calibration" not in clef.decide(request(model="a"))
     assert "x_calibration" not in clef.decide(request())
-    assert clef.head_cards["c"]["calibration"]["label"] == label
+    assert {info.name: info for info in clef.head_infos()}["c"].calibration["label"] == label  # type: ignore[index]
 
 
-def test_head_cards_name_each_head_with_its_weights_digest(served: Clef, head_dirs: dict[str, Path]) -> None:
-    assert set(served.head_cards) == {"a", "b"}
-    card = served.head_cards["a"]
-    assert card["path"] == str(head_dirs["a"])
-    assert len(card["sha256"]) == 64 and card["sha256"] != served.head_cards["b"]["sha256"]
+def test_head_infos_name_each_head_with_its_digest(served: Clef, head_dirs: dict[str, Path]) -> None:
+    infos = {info.name: info for info in served.head_infos()}
+    assert list(infos) == [served.name, "a", "b"]  # the default head first
+    assert infos[served.name].default and infos[served.name].source == "release"
+    assert infos["a"].path == str(head_dirs["a"]) and infos["a"].source == "--head"
+    digests = {info.digest for info in infos.values()}
+    assert len(digests) == 3 and all(len(digest) == 64 for digest in digests)
 
 
 @pytest.mark.parametrize(
@@ -158,6 +161,7 @@ def test_head_cards_name_each_head_with_its_weights_digest(served: Clef, head_di
         (("DIR", "DIR"), "at most one head without a name"),
         (("bad name!=DIR",), "the name must be"),
         (("a=",), "no directory"),
+        (("=DIR",), "the name before '=' is empty"),
     ],
 )
 def test_bad_head_options_are_refused_naming_the_flag(

@@ -21,6 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.head_records import (
+    HeadIdentity,
+    HeadInfo,
+    HeadNotLoadedError,
+    HeadRefusedError,
+    check_pin,
+)
 from clef_runtime.engine.independent import IndependentRequest, merge_decisions
 from clef_runtime.engine.loop import WholeRequestRunner
 from clef_runtime.options import EngineOptions
@@ -64,6 +71,7 @@ class FakePrepared:
     request: SystemOneRequest
     record: FakeRecord
     images: tuple[Any, ...] = ()
+    head: HeadIdentity | None = None
 
 
 def schema_tokens(request: SystemOneRequest) -> int:
@@ -82,7 +90,6 @@ class FakeClef:
 
     untrained = True
     calibration_card = None
-    head_cards: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (read only)
     device = "cpu"
     weight_mode = "fp32"
     compute_dtype = "fp32"
@@ -108,6 +115,38 @@ class FakeClef:
         self._lock = threading.Lock()
         self.calls_in_progress = 0
         self.max_concurrent_calls = 0
+        # Heads as the real engine serves them, without weights: a digest per name, the default head first.
+        self.heads: dict[str, HeadInfo] = {name: fake_head(name, default=True)}
+        self.unloaded: set[str] = set()
+
+    def head_infos(self) -> tuple[HeadInfo, ...]:
+        return tuple(self.heads.values())
+
+    def load_head(self, name: str, path: str) -> HeadInfo:
+        """Serve ``name`` with a digest made of ``path`` (no weights); a path containing "missing" is refused
+        as a directory that is not there."""
+        if name in self.heads:
+            raise HeadRefusedError("name", f"a head named {name!r} is already served", conflict=True)
+        if "missing" in path:
+            raise HeadRefusedError("path", f"{path}: not a directory")
+        self.heads[name] = fake_head(name, path=path)
+        self.unloaded.discard(name)
+        return self.heads[name]
+
+    def unload_head(self, name: str) -> HeadInfo:
+        if name == self.name:
+            raise HeadRefusedError("name", f"{name!r} is the default head", conflict=True)
+        if name not in self.heads:
+            raise HeadNotLoadedError(name, tuple(self.heads))
+        self.unloaded.add(name)
+        return self.heads.pop(name)
+
+    def _head_of(self, request: SystemOneRequest) -> HeadIdentity:
+        if request.model in self.unloaded:
+            raise HeadNotLoadedError(request.model, tuple(self.heads))
+        check_pin(self.head_infos(), request.model, request.x_head_digest)
+        info = self.heads.get(request.model or "") or self.heads[self.name]
+        return info.identity
 
     def parse(self, request: Any) -> SystemOneRequest:
         body, _ = extract_images(request) if isinstance(request, dict) else (request, [])
@@ -118,8 +157,9 @@ class FakeClef:
     ) -> FakePrepared | IndependentRequest[FakePrepared]:
         body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
         parsed = parse_request(body)
+        head = self._head_of(parsed)
         parts = [
-            FakePrepared(part, self.encode(part, max_length=max_length), tuple(sources))
+            FakePrepared(part, self.encode(part, max_length=max_length), tuple(sources), head)
             for part in independent_parts(parsed)
         ]
         return parts[0] if len(parts) == 1 else IndependentRequest(parsed, tuple(parts))
@@ -173,19 +213,30 @@ class FakeClef:
             for item in items:
                 if FAIL_MARKER in _render(item.request.state):
                     raise RuntimeError("fake engine failure")
-            return [self._answer(item.request, item.record) for item in items]
+            return [self._answer(item.request, item.record, item.head) for item in items]
         finally:
             with self._lock:
                 self.calls_in_progress -= 1
 
-    def _answer(self, request: SystemOneRequest, record: FakeRecord) -> Decision:
+    def _answer(
+        self, request: SystemOneRequest, record: FakeRecord, head: HeadIdentity | None = None
+    ) -> Decision:
         answers: dict[str, Any] = {}
         for qid, question in request.questions.items():
             seed_text = _render(request.state) + "\x00" + qid + "\x00" + question.model_dump_json()
             rng = random.Random(hashlib.sha256(seed_text.encode()).digest())
             answers[qid] = expected_answer(question, rng)
         # This engine has no state cache: every state is a miss (the decision's default report).
-        return Decision(model=request.model or self.name, answers=answers, input_tokens=record.input_tokens)
+        return Decision(
+            model=request.model or self.name, answers=answers, input_tokens=record.input_tokens, head=head
+        )
+
+
+def fake_head(name: str, *, default: bool = False, path: str | None = None) -> HeadInfo:
+    """A head card with a digest of its name and path (the fake engine has no head files)."""
+    digest = hashlib.sha256(f"{name}\x00{path}".encode()).hexdigest()
+    source = "release" if default else "api"
+    return HeadInfo(name, digest, default, source, path, None, 1_700_000_000.0)
 
 
 class GatedEngine(FakeClef):

@@ -22,7 +22,7 @@ QUESTIONS = {"refund": {"type": "noul", "instructions": "Is a refund requested?"
 
 
 def put(store: ClassifierStore, owner: str = "", name: str = "triage", **fields: object) -> tuple:
-    values: dict = {"questions": QUESTIONS, "head": None, "description": None, **fields}
+    values: dict = {"questions": QUESTIONS, "head": None, "head_digest": None, "description": None, **fields}
     return store.put(owner, name, **values)
 
 

@@ -56,7 +56,17 @@ def test_a_put_creates_version_1_and_each_replace_adds_one(app_on: Callable[...,
     created = save(client, description="Routes a support ticket.")
     assert created.status_code == 201, created.text
     body = created.json()
-    assert set(body) == {"name", "version", "questions", "head", "description", "created_at", "updated_at"}
+    assert set(body) == {
+        "name",
+        "version",
+        "questions",
+        "head",
+        "head_digest",
+        "head_status",
+        "description",
+        "created_at",
+        "updated_at",
+    }
     assert (body["name"], body["version"], body["head"]) == ("triage", 1, None)
     assert body["questions"] == QUESTIONS and list(body["questions"]) == list(QUESTIONS)  # order kept
     assert body["description"] == "Routes a support ticket."
@@ -182,7 +192,7 @@ def test_deciding_answers_the_bytes_systemone_answers(
     app_on: Callable[..., Served], head: str | None, extra: dict[str, Any]
 ) -> None:
     engine = FakeClef()
-    engine.head_cards = {"fraud-v2": {"path": "/heads/fraud-v2"}}
+    engine.load_head("fraud-v2", "/heads/fraud-v2")
     # Deterministic: no latency in the body, so the two answers can be compared byte for byte.
     served = app_on(engine=engine, deterministic=True)
     client = served.client
@@ -311,7 +321,7 @@ def test_a_bad_decide_body_is_a_422_naming_the_field(
 
 def test_a_head_must_be_one_the_server_serves(app_on: Callable[..., Served]) -> None:
     engine = FakeClef()
-    engine.head_cards = {"fraud-v2": {}}
+    engine.load_head("fraud-v2", "/heads/fraud-v2")
     client = app_on(engine=engine).client
     refused = save(client, head="fraud-v3")
     assert _loc(refused) == ["body", "head"]
@@ -321,7 +331,7 @@ def test_a_head_must_be_one_the_server_serves(app_on: Callable[..., Served]) -> 
     assert save(client, head=engine.name).json()["head"] == engine.name  # the release head, by name
 
 
-def test_a_head_waits_for_the_model_and_the_rest_does_not(tmp_path: Path) -> None:
+def test_a_put_waits_for_the_model_and_reads_do_not(tmp_path: Path) -> None:
     loaded = threading.Event()
     engine = FakeClef()
 
@@ -332,15 +342,16 @@ def test_a_head_waits_for_the_model_and_the_rest_does_not(tmp_path: Path) -> Non
     settings = ServerSettings(model="fake", jobs_db=str(tmp_path / "jobs.sqlite3"))
     app = create_app(settings, engine_factory=slow_load)
     with TestClient(app) as client:
-        assert save(client).status_code == 201  # CRUD needs no model
-        assert client.get("/v1/classifiers/triage").status_code == 200
-        waiting = save(client, head=engine.name)
+        # A classifier records its head's digest, known once the model is loaded.
+        waiting = save(client)
         assert waiting.status_code == 503 and waiting.headers["retry-after"]
-        assert "head" in waiting.json()["detail"]["message"]
-        assert client.post("/v1/classifiers/triage/decide", json={"state": "s"}).status_code == 503
+        assert "digest" in waiting.json()["detail"]["message"]
+        assert client.get("/v1/classifiers").json()["data"] == []  # reads need no model
+        assert client.post("/v1/classifiers/triage/decide", json={"state": "s"}).status_code == 404
         loaded.set()
         assert app.state.runtime.wait_until_loaded(10)
-        assert save(client, head=engine.name).status_code == 200
+        assert save(client).status_code == 201
+        assert client.get("/v1/classifiers/triage").json()["head_status"]["status"] == "ok"
 
 
 # ------------------------------------------------------------------------------------------- rate limits
@@ -398,7 +409,7 @@ def test_a_damaged_database_stops_the_server_before_it_listens(tmp_path: Path) -
 
 def test_the_routes_are_documented_and_every_example_is_accepted(app_on: Callable[..., Served]) -> None:
     engine = FakeClef()
-    engine.head_cards = {"fraud-v2": {}}
+    engine.load_head("fraud-v2", "/heads/fraud-v2")
     client = app_on(engine=engine).client
     paths = client.get("/openapi.json").json()["paths"]
     assert set(paths["/v1/classifiers/{name}"]) == {"put", "get", "delete"}

@@ -17,7 +17,17 @@ from clef_runtime.engine.contract import DecisionEngine
 from clef_runtime.scale.ray_serve import IngressEngine
 from tests.server.fake_engine import FakeClef
 
-METHODS = ["prepare", "runner", "warmup", "cache_stats", "replica_status", "prepare_compute_thread"]
+METHODS = [
+    "prepare",
+    "head_infos",
+    "load_head",
+    "unload_head",
+    "runner",
+    "warmup",
+    "cache_stats",
+    "replica_status",
+    "prepare_compute_thread",
+]
 ATTRIBUTES = [
     "name",
     "description",
@@ -25,7 +35,6 @@ ATTRIBUTES = [
     "untrained",
     "max_length",
     "calibration_card",
-    "head_cards",
     "options",
     "device",
     "weight_mode",

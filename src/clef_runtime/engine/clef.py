@@ -28,10 +28,11 @@ from torch import Tensor
 from clef_runtime.encoding.encoder import EncodedRecord, Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer
-from clef_runtime.engine.calibration import Calibration
+from clef_runtime.engine.calibration import Calibration, CalibrationError
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
-from clef_runtime.engine.heads import HeadSet, check_head_specs
+from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError
+from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_specs, load_head
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
 from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
@@ -40,11 +41,11 @@ from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
 from clef_runtime.model.checkpoint import CLEF_27B, verify_checkpoint
-from clef_runtime.model.head import JointSchemaHead
+from clef_runtime.model.head import HeadLoadError, JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
-from clef_runtime.options import EngineOptions, parse_head_specs
+from clef_runtime.options import HEAD_NAME, EngineOptions, parse_head_specs
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 from clef_runtime.vision.tower import VisionTower
@@ -177,17 +178,17 @@ class Clef:
         self.calibration = calibration
         """Temperatures applied to every question's probabilities before its answer is built (None: off);
         a tuned head with its own calibration uses that one instead."""
+        resolved = model.resolved
         self.heads = HeadSet.load(
             parse_head_specs(options.head),
+            model_name=resolved.name,
+            release_dir=resolved.path,
             release_head=model.head,
             calibration=calibration,
             device=backbone.device,
         )
-        """The default head and the named tuned heads (``--head``)."""
-        self.head_cards = self.heads.cards()
-        """Every named head's card (``/v1/models``), by name."""
+        """The default head and the named tuned heads (``--head``, `load_head`)."""
         self.calibration_card = calibration.describe() if calibration is not None else None
-        resolved = model.resolved
         self.untrained = resolved.is_tiny
         self.name = resolved.name
         self.description = (
@@ -247,6 +248,7 @@ class Clef:
         calibration = Calibration.load(opts.calibration) if opts.calibration else None
         check_head_specs(parse_head_specs(opts.head))  # a wrong --head fails before the slow part
         resolved = resolve_model(model)
+        check_head_specs(parse_head_specs(opts.head), resolved.name)  # and one named as the model
         if resolved.is_tiny:
             logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
         info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
@@ -272,6 +274,15 @@ class Clef:
             vision_tower=VisionTower(resolved.path, device=backbone.device, dtype=backbone.dtype),
         )
         clef = cls(loaded, opts, calibration=calibration)
+        # Which weights each name answers with, in the log of every start: a restart that serves other
+        # weights under a name shows here.
+        logger.info(
+            "heads: %s",
+            ", ".join(
+                f"{head.identity.label} ({'default, ' if head.default else ''}{head.source}: {head.path})"
+                for head in clef.heads.served()
+            ),
+        )
         logger.info(
             "loaded %s from %s on %s in %.1f s (%s compute: %s; weights %s, state cache %.0f MiB, step "
             "budget %d tokens)",
@@ -386,7 +397,58 @@ class Clef:
         request with several questions. Raises ``RequestValidationError`` (bad body, bad image: the error
         names the image) or ``InputTooLongError`` (the schema with its images does not fit ``max_length``).
         """
-        return self.preparer.prepare(request, max_length=max_length)
+        return self.preparer.prepare(request, max_length=max_length, resolve_head=self._resolve_head)
+
+    def _resolve_head(self, request: SystemOneRequest) -> ServedHead:
+        return self.heads.resolve(request.model, request.x_head_digest)
+
+    # -------------------------------------------------------------------------------------------- heads
+
+    def head_infos(self) -> tuple[HeadInfo, ...]:
+        """Every served head's card (``GET /v1/heads``), the default head first."""
+        return self.heads.infos()
+
+    def load_head(self, name: str, path: str | Path) -> HeadInfo:
+        """Load the head in directory ``path`` and serve it as ``name`` from the next prepared request on
+        (``POST /v1/heads``). Reading and moving its weights runs on the calling thread without the model
+        lock: requests being computed go on meanwhile. Raises `HeadRefusedError` naming the field at fault:
+        ``name`` malformed or the model's own, ``path`` not a head directory for this backbone, or (a
+        conflict) ``name`` already served."""
+        if not HEAD_NAME.fullmatch(name):
+            raise HeadRefusedError(
+                "name",
+                "a head name is 1-64 letters, digits, '.', '_', ':' or '-', starting with a letter or digit; "
+                f"got {name[:80]!r}",
+            )
+        if name == self.name:
+            raise HeadRefusedError(
+                "name",
+                f"{name!r} is the model's own name (it picks the release head); give the head another name",
+            )
+        self.heads.check_free(name)
+        directory = Path(path).expanduser()
+        try:
+            served = load_head(
+                name,
+                directory.resolve(),
+                hidden_size=self.heads.default.head.hidden_size,
+                calibration=self.calibration,
+                device=self.backbone.device,
+                source="api",
+            )
+        except (HeadLoadError, CalibrationError) as exc:
+            raise HeadRefusedError("path", str(exc)) from None
+        self.heads.add(served)
+        logger.info("head loaded: %s from %s", served.identity.label, served.path)
+        return served.info()
+
+    def unload_head(self, name: str) -> HeadInfo:
+        """Stop serving the named head ``name`` (``DELETE /v1/heads/{name}``): requests already prepared with
+        it finish on it; later ones naming it are refused (`HeadNotLoadedError`). Raises
+        `HeadNotLoadedError` for a name not served, `HeadRefusedError` for the default head."""
+        served = self.heads.remove(name)
+        logger.info("head unloaded: %s", served.identity.label)
+        return served.info()
 
     def encode(self, request: Any, *, max_length: int | None = None) -> EncodedRecord:
         """Encode a request token-exactly as the reference (image blocks included: images are decoded and

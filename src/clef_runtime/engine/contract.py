@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from clef_runtime.engine.head_records import HeadInfo
 from clef_runtime.engine.independent import IndependentRequest, merge_decisions, submit_parts
 from clef_runtime.engine.loop import StepRunner
 from clef_runtime.options import EngineOptions
@@ -110,10 +111,6 @@ class DecisionEngine(Protocol[PreparedT]):
     step_tokens: int
     """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
 
-    head_cards: Mapping[str, Mapping[str, Any]]
-    """The tuned heads served next to the release's (``--head NAME=DIR``), by name: a request whose
-    ``model`` is a name is answered by that head (``/v1/models`` lists them)."""
-
     def prepare(
         self, request: Any, *, max_length: int | None = None
     ) -> PreparedT | IndependentRequest[PreparedT]:
@@ -121,6 +118,23 @@ class DecisionEngine(Protocol[PreparedT]):
         model. An ``x_independent`` request with several questions comes back as an `IndependentRequest`
         whose parts (one per question) the server submits with `submit_parts`. Raises
         ``RequestValidationError`` (422) or ``InputTooLongError`` (413)."""
+        ...
+
+    def head_infos(self) -> tuple[HeadInfo, ...]:
+        """Every head served now, the default head first (``GET /v1/heads``, ``/v1/models``): a request whose
+        ``model`` names a head is answered by it, any other ``model`` by the default head."""
+        ...
+
+    def load_head(self, name: str, path: str) -> HeadInfo:
+        """Load the head in directory ``path`` (on the server's machine) and serve it as ``name``. Blocks
+        while its weights load (the server calls it off the event loop); requests go on meanwhile. Raises
+        ``HeadRefusedError`` naming the field at fault (a conflict for a name taken, or an engine whose
+        heads are fixed)."""
+        ...
+
+    def unload_head(self, name: str) -> HeadInfo:
+        """Stop serving the named head ``name``; requests already prepared with it finish on it. Raises
+        ``HeadNotLoadedError`` for a name not served, ``HeadRefusedError`` for the default head."""
         ...
 
     def runner(self) -> StepRunner:

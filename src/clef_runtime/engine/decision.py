@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from clef_runtime.engine.head_records import HeadIdentity
+
 __all__ = ["CacheReport", "Decision", "RequestTimings"]
 
 
@@ -61,6 +63,8 @@ class Decision:
     probabilities: list[list[float]] | None = field(default=None, repr=False, compare=False)
     """Unrounded probabilities per question, per option in model order (calibrated when the engine has a
     calibration): what ``answers`` rounds. None where the engine does not report them."""
+    head: HeadIdentity | None = None
+    """The head that computed the answers (``X-Clef-Head``, ``x_head``); None where the engine has none."""
 
     def body(self, *, deterministic: bool = False) -> dict[str, Any]:
         """The System One response body. ``deterministic``: identical requests must give identical bytes,
@@ -79,4 +83,6 @@ class Decision:
             body["x_state_cache"] = self.cache.status
         if self.calibration is not None:
             body["x_calibration"] = self.calibration
+        if self.head is not None:
+            body["x_head"] = self.head.as_api()
         return body

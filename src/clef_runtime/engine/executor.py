@@ -409,7 +409,7 @@ class StepExecutor:
         records = [row.work.record for row in rows]
         inputs = [head_inputs(record, self.lexical) for record in records]
         # Rows of several heads may complete in one step: each head scores its own rows in one pass.
-        served = [self.heads.for_model(row.work.request.model) for row in rows]
+        served = [row.work.head or self.heads.for_model(row.work.request.model) for row in rows]
         by_head: dict[int, list[int]] = {}
         for position, head in enumerate(served):
             by_head.setdefault(id(head), []).append(position)
@@ -437,7 +437,7 @@ class StepExecutor:
     ) -> list[list[float]]:
         """``probs`` with the temperatures of the calibration of ``w``'s head applied per question (unchanged
         without one); ``head``: the head that answered (default: the one ``w``'s ``model`` picks)."""
-        calibration = (head or self.heads.for_model(w.request.model)).calibration
+        calibration = (head or w.head or self.heads.for_model(w.request.model)).calibration
         if calibration is None:
             return probs
         return [
@@ -456,7 +456,7 @@ class StepExecutor:
     ) -> Decision:
         """The `Decision` for ``w`` from its unrounded, uncalibrated probabilities (``head``: the head that
         answered; default: the one ``w``'s ``model`` picks)."""
-        head = head or self.heads.for_model(w.request.model)
+        head = head or w.head or self.heads.for_model(w.request.model)
         calibration = head.calibration
         probs = self.calibrated(w, probs, head)
         request = w.request
@@ -474,6 +474,7 @@ class StepExecutor:
             calibration=calibration.label if calibration is not None else None,
             timings=RequestTimings(backbone_tokens=tokens),
             probabilities=probs,
+            head=head.identity,
         )
 
     def _store(self, row: _Row, segment: StateSegment, points: dict[int, StatePoint]) -> None:

@@ -94,6 +94,7 @@ def merge_decisions(request: SystemOneRequest, decisions: Sequence[Decision]) ->
             sum(decision.cache.cached_tokens for decision in decisions),
         ),
         calibration=decisions[0].calibration,
+        head=decisions[0].head,
         timings=RequestTimings(
             queue_s=first,
             compute_s=last - first,

@@ -8,6 +8,7 @@ a request's state (`RequestPreparer.from_checkpoint`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.growth import stable_length
 from clef_runtime.encoding.render import render
 from clef_runtime.encoding.tokenizer import ClefTokenizer
+from clef_runtime.engine.heads import ServedHead
 from clef_runtime.engine.images import (
     ImageSettings,
     PreparedImage,
@@ -51,6 +53,10 @@ class PreparedRequest:
     """Where the state's unstable tail starts in ``record.input_ids`` (see `clef_runtime.encoding.growth`;
     None: unknown): the state cache keeps a snapshot there so an extension of the state resumes near its
     end."""
+    head: ServedHead | None = field(default=None, repr=False, compare=False)
+    """The head that answers it, resolved when it was prepared (`HeadSet.resolve`), so that unloading the
+    head later does not change who answers a request already admitted; None: resolved when it is computed
+    (a scale-out ingress prepares without heads; its replicas' heads are fixed)."""
     root_key: bytes = field(default=b"", repr=False, init=False)
 
     def __post_init__(self) -> None:
@@ -95,7 +101,11 @@ class RequestPreparer:
         return cls(encoder, settings)
 
     def prepare(
-        self, request: Any, *, max_length: int | None = None
+        self,
+        request: Any,
+        *,
+        max_length: int | None = None,
+        resolve_head: Callable[[SystemOneRequest], ServedHead | None] | None = None,
     ) -> PreparedRequest | IndependentRequest[PreparedRequest]:
         """One request body (a JSON-decoded dict, possibly with images in ``images`` or in the ``state``
         array) or an already parsed ``SystemOneRequest`` (text only) -> `PreparedRequest`.
@@ -103,22 +113,28 @@ class RequestPreparer:
         An ``x_independent`` request with several questions becomes an `IndependentRequest`: one
         `PreparedRequest` per question (its images decoded once). Raises ``RequestValidationError`` (bad
         body, bad image: the error names the image) or ``InputTooLongError`` (the schema with its images
-        does not fit ``max_length``).
+        does not fit ``max_length``). ``resolve_head``: the request's head, attached to every part (it
+        raises ``HeadError`` before any image is decoded).
         """
         body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
         parsed = parse_request(body)
+        head = resolve_head(parsed) if resolve_head is not None else None
         images = prepare_images(sources, self.image_settings) if sources else ()
-        parts = [self._prepare_one(part, images, max_length) for part in independent_parts(parsed)]
+        parts = [self._prepare_one(part, images, max_length, head) for part in independent_parts(parsed)]
         return parts[0] if len(parts) == 1 else IndependentRequest(parsed, tuple(parts))
 
     def _prepare_one(
-        self, parsed: SystemOneRequest, images: tuple[PreparedImage, ...], max_length: int | None
+        self,
+        parsed: SystemOneRequest,
+        images: tuple[PreparedImage, ...],
+        max_length: int | None,
+        head: ServedHead | None,
     ) -> PreparedRequest:
         record = self.encoder.encode(
             parsed, image_token_counts=[image.n_tokens for image in images], max_length=max_length
         )
         return PreparedRequest(
-            request=parsed, record=record, images=images, tail_at=self._tail_at(parsed, record)
+            request=parsed, record=record, images=images, tail_at=self._tail_at(parsed, record), head=head
         )
 
     def _tail_at(self, parsed: SystemOneRequest, record: EncodedRecord) -> int | None:

@@ -170,6 +170,12 @@ class SystemOneRequest(BaseModel):
         description="The state to decide about: a string, or JSON rendered compactly with sorted keys."
     )
     questions: Annotated[dict[QuestionId, Question], Field(min_length=1, max_length=MAX_QUESTIONS)]
+    x_head_digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{12,64}$")] | None = Field(
+        default=None,
+        description="Pin the head: answer only if the head `model` names (the model's own name: the default "
+        "head) has a digest starting with these 12-64 lowercase hex digits (GET /v1/heads lists them); else "
+        "409 head_changed, or 404 head_not_loaded for a name that is no served head.",
+    )
     x_independent: StrictBool = Field(
         default=False,
         description="Answer each question as if it were asked alone (one request per question, sharing the "

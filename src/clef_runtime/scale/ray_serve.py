@@ -33,10 +33,12 @@ from typing import Any
 
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError, check_pin
 from clef_runtime.engine.loop import QueueFullError, QueueTimeoutError, SchedulerClosedError
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.options import EngineOptions
+from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.scale.settings import RaySettings, split_ray_values
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.runtime import Dispatcher, Engine, ServerRuntime
@@ -109,6 +111,12 @@ def _alive_model_replicas() -> set[str]:
     return {name.removeprefix(prefix) for name in names if name.startswith(prefix)}
 
 
+_FIXED_HEADS = (
+    "with --ray the heads are fixed at startup, the same on every replica: restart with --head NAME=DIR to "
+    "change them"
+)
+
+
 class IngressEngine:
     """The engine contract (`clef_runtime.engine.contract.DecisionEngine`) of the ingress, without the
     weights: it prepares requests (for their state keys and limits) and describes the model and its
@@ -130,7 +138,7 @@ class IngressEngine:
         self.untrained: bool = info["untrained"]
         self.max_length: int = info["max_length"]
         self.calibration_card: dict[str, Any] | None = info["calibration_card"]
-        self.head_cards: dict[str, dict[str, Any]] = info["head_cards"]
+        self.heads = tuple(HeadInfo.from_api(card) for card in info["heads"])
         self.options: EngineOptions = info["options"]
         self.device: str = info["device"]
         self.weight_mode: str = info["weight_mode"]
@@ -139,8 +147,25 @@ class IngressEngine:
         reports.add(info["report"])
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Any:
-        """Validate and encode (the replica encodes again; this copy decides where the request goes)."""
-        return self.preparer.prepare(request, max_length=max_length)
+        """Validate and encode (the replica encodes again; this copy decides where the request goes); a
+        request pinning a head's digest is checked against the replicas' heads."""
+        return self.preparer.prepare(request, max_length=max_length, resolve_head=self._check_pin)
+
+    def _check_pin(self, request: SystemOneRequest) -> None:
+        check_pin(self.heads, request.model, request.x_head_digest)
+
+    def head_infos(self) -> tuple[HeadInfo, ...]:
+        """The replicas' heads (every replica loads the same ``--head`` options; they never change)."""
+        return self.heads
+
+    def load_head(self, name: str, path: str) -> HeadInfo:
+        """Refused: the replicas' heads are fixed at startup (``--head``) so that every replica answers a
+        name with the same weights."""
+        raise HeadRefusedError("name", _FIXED_HEADS, conflict=True)
+
+    def unload_head(self, name: str) -> HeadInfo:
+        """Refused, as `load_head`."""
+        raise HeadRefusedError("name", _FIXED_HEADS, conflict=True)
 
     def runner(self) -> Any:
         """Not used: requests go to the replicas through the dispatcher."""
@@ -323,7 +348,7 @@ class ClefModel:
             "untrained": bool(engine.untrained),
             "max_length": engine.max_length,
             "calibration_card": engine.calibration_card,
-            "head_cards": engine.head_cards,
+            "heads": [info.as_api() for info in engine.head_infos()],
             "options": engine.options,
             "device": engine.device,
             "weight_mode": engine.weight_mode,

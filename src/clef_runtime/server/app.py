@@ -38,6 +38,7 @@ from clef_runtime.server.openai_errors import openai_shaped_paths
 from clef_runtime.server.routes_chat import router as chat_router
 from clef_runtime.server.routes_classifiers import router as classifiers_router
 from clef_runtime.server.routes_decisions import router as decisions_router
+from clef_runtime.server.routes_heads import router as heads_router
 from clef_runtime.server.routes_info import router as info_router
 from clef_runtime.server.routes_jobs import router as jobs_router
 from clef_runtime.server.routes_pages import router as pages_router
@@ -155,7 +156,15 @@ def _log_request(scope: Scope, state: dict[str, Any], route: str, status: int, e
         f"status={status}",
         f"ms={elapsed * 1000:.1f}",
     ]
-    for key in ("input_tokens", "questions", "truncated_state_tokens", "state_cache", "steps", "error_type"):
+    for key in (
+        "head",
+        "input_tokens",
+        "questions",
+        "truncated_state_tokens",
+        "state_cache",
+        "steps",
+        "error_type",
+    ):
         if key in state:
             parts.append(f"{key}={state[key]}")
     logger.log(level, " ".join(parts))
@@ -256,6 +265,7 @@ def create_app(
     app.include_router(responses_router)
     app.include_router(workers_ai_router)
     app.include_router(info_router)
+    app.include_router(heads_router)
     app.include_router(jobs_router)
     app.include_router(classifiers_router)
     app.include_router(pages_router)
@@ -267,6 +277,7 @@ def create_app(
         responses_router,
         workers_ai_router,
         info_router,
+        heads_router,
         jobs_router,
         classifiers_router,
         pages_router,

@@ -46,7 +46,9 @@ logger = logging.getLogger("clef_runtime.server")
 
 #: ``PRAGMA application_id`` of a clef-runtime classifiers database ("CLFC").
 APPLICATION_ID = 0x434C4643
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added ``head_digest`` (the digest of the head a classifier was saved with); a version-1 file is
+migrated in place when opened, its classifiers without one (deciding asks for a PUT to pin them)."""
 
 _SCHEMA = """
 CREATE TABLE classifiers (
@@ -55,6 +57,7 @@ CREATE TABLE classifiers (
     version INTEGER NOT NULL,
     questions TEXT,
     head TEXT,
+    head_digest TEXT,
     description TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
@@ -86,6 +89,9 @@ class Classifier:
     description: str | None
     created_at: float
     updated_at: float
+    head_digest: str | None = None
+    """The digest of the head it answers with, as served when it was saved (None: saved before digests were
+    recorded); deciding is refused while the head served under that name has another digest."""
 
     def as_api(self) -> dict[str, Any]:
         """The body of ``GET /v1/classifiers/{name}``."""
@@ -94,6 +100,7 @@ class Classifier:
             "version": self.version,
             "questions": self.questions,
             "head": self.head,
+            "head_digest": self.head_digest,
             "description": self.description,
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
@@ -204,6 +211,7 @@ class ClassifierStore:
         *,
         questions: dict[str, Any],
         head: str | None,
+        head_digest: str | None,
         description: str | None,
     ) -> tuple[Classifier, bool]:
         """Create or replace ``owner``'s classifier ``name``: version 1 for a new name, the stored version
@@ -218,17 +226,18 @@ class ClassifierStore:
             if row is None:
                 created = True
                 db.execute(
-                    "INSERT INTO classifiers (owner, name, version, questions, head, description, "
-                    "created_at, updated_at) VALUES (?, ?, 1, ?, ?, ?, ?, ?)",
-                    (owner, name, text, head, description, now, now),
+                    "INSERT INTO classifiers (owner, name, version, questions, head, head_digest, "
+                    "description, created_at, updated_at) VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
+                    (owner, name, text, head, head_digest, description, now, now),
                 )
             else:
                 created = bool(row["deleted"])
                 db.execute(
-                    "UPDATE classifiers SET version = version + 1, questions = ?, head = ?, description = ?, "
-                    "updated_at = ?, created_at = CASE WHEN deleted THEN ? ELSE created_at END, deleted = 0 "
+                    "UPDATE classifiers SET version = version + 1, questions = ?, head = ?, "
+                    "head_digest = ?, description = ?, updated_at = ?, "
+                    "created_at = CASE WHEN deleted THEN ? ELSE created_at END, deleted = 0 "
                     "WHERE owner = ? AND name = ?",
-                    (text, head, description, now, now, owner, name),
+                    (text, head, head_digest, description, now, now, owner, name),
                 )
             record = self._get_locked(owner, name)
         assert record is not None
@@ -242,7 +251,8 @@ class ClassifierStore:
             if record is None:
                 return None
             db.execute(
-                "UPDATE classifiers SET deleted = 1, questions = NULL, head = NULL, description = NULL, "
+                "UPDATE classifiers SET deleted = 1, questions = NULL, head = NULL, head_digest = NULL, "
+                "description = NULL, "
                 "updated_at = ? WHERE owner = ? AND name = ?",
                 (time.time(), owner, name),
             )
@@ -278,8 +288,10 @@ def _prepare(db: sqlite3.Connection, existed: bool) -> None:
         if db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             raise sqlite3.DatabaseError("application_id is not clef-runtime's classifiers'")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if version not in (1, SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, this release reads {SCHEMA_VERSION}")
+        if version == 1:
+            _migrate_to_2(db)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")  # a saved classifier survives a power cut, not only a crash
     if existed:
@@ -297,6 +309,19 @@ def _prepare(db: sqlite3.Connection, existed: bool) -> None:
     db.execute("COMMIT")
 
 
+def _migrate_to_2(db: sqlite3.Connection) -> None:
+    """Add ``head_digest`` to a version-1 file, once even when two servers open it at the same time."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if db.execute("PRAGMA user_version").fetchone()[0] == 1:
+            db.execute("ALTER TABLE classifiers ADD COLUMN head_digest TEXT")
+            db.execute("PRAGMA user_version=2")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 def _record(row: sqlite3.Row) -> Classifier:
     return Classifier(
         owner=row["owner"],
@@ -304,6 +329,7 @@ def _record(row: sqlite3.Row) -> Classifier:
         version=row["version"],
         questions=json.loads(row["questions"]),
         head=row["head"],
+        head_digest=row["head_digest"],
         description=row["description"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from clef_runtime.engine.head_records import HeadInfo
 from clef_runtime.jobs.store import owner_of
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.plain_errors import validate_object
@@ -45,6 +46,9 @@ __all__ = [
     "name_problem",
     "open_store",
     "parse_definition",
+    "pin_error",
+    "pin_status",
+    "served_head",
     "systemone_body",
     "unavailable_error",
 ]
@@ -113,23 +117,75 @@ def parse_definition(data: Any) -> ClassifierDefinition:
     return definition
 
 
-def check_head(head: str, engine_name: str, tuned_heads: Collection[str]) -> None:
-    """Refuse a head this server does not serve: the engine's own name (its release head) or one of the
-    tuned heads ``/v1/models`` lists (``--head NAME=DIR``). ``/v1/systemone`` answers an unknown ``model``
-    with the release head, which for a saved classifier would hide a typo for as long as it is used.
-    Raises `RequestValidationError` at ``head``."""
-    if head == engine_name or head in tuned_heads:
+def check_head(head: str, served: Sequence[str]) -> None:
+    """Refuse a head this server does not serve (``served``: ``GET /v1/heads``'s names, the model's own name
+    first, which picks the release head). ``/v1/systemone`` answers an unknown ``model`` with the default
+    head, which for a saved classifier would hide a typo for as long as it is used. Raises
+    `RequestValidationError` at ``head``."""
+    if head in served:
         return
-    served = (
-        f"the tuned heads {', '.join(repr(name) for name in sorted(tuned_heads))} (GET /v1/models lists them)"
-        if tuned_heads
-        else "no tuned head (clef serve --head NAME=DIR adds one)"
+    engine_name, *tuned = served
+    named = (
+        f"the tuned heads {', '.join(repr(name) for name in sorted(tuned))} (GET /v1/heads lists them)"
+        if tuned
+        else "no tuned head (clef serve --head NAME=DIR or POST /v1/heads adds one)"
     )
     raise RequestValidationError.single(
         ("head",),
-        f"unknown head {head!r}: this server serves {engine_name!r} (its release head) and {served}; leave "
-        "head out for the release head",
+        f"unknown head {head!r}: this server serves {engine_name!r} (its default head) and {named}; leave "
+        "head out for the default head",
         "unknown_head",
+    )
+
+
+def served_head(classifier: Classifier, heads: Sequence[HeadInfo]) -> HeadInfo | None:
+    """The head served now under the classifier's head name (its ``head``, else the default head), or None
+    when no head of that name is served."""
+    for info in heads:
+        if (info.name == classifier.head) if classifier.head is not None else info.default:
+            return info
+    return None
+
+
+def pin_status(classifier: Classifier, heads: Sequence[HeadInfo]) -> dict[str, Any]:
+    """Whether the classifier's pinned head is the one served (the list's ``head_status``): ``status`` is
+    ``ok``, ``head_changed`` (another digest, or none recorded) or ``head_not_loaded``, with the digest
+    served (None when not loaded)."""
+    info = served_head(classifier, heads)
+    if info is None:
+        return {"status": "head_not_loaded", "digest_served": None}
+    changed = classifier.head_digest is None or classifier.head_digest != info.digest
+    return {"status": "head_changed" if changed else "ok", "digest_served": info.digest}
+
+
+def pin_error(classifier: Classifier, heads: Sequence[HeadInfo]) -> ApiError | None:
+    """Why the classifier cannot be decided with now (None: it can): 503 ``head_not_loaded`` when no head of
+    its head's name is served, 409 ``head_changed`` when the head served has another digest than the one it
+    was saved with. Never a silent answer by another head. Both name the head, the digest recorded and the
+    digest served, and what to do."""
+    info = served_head(classifier, heads)
+    head = classifier.head if classifier.head is not None else "the default head"
+    recorded = classifier.head_digest
+    extra = {"classifier": classifier.name, "head": classifier.head, "digest_recorded": recorded}
+    if info is None:
+        return ApiError(
+            503,
+            "head_not_loaded",
+            f"classifier {classifier.name!r} answers with head {head!r}, which this server does not serve: "
+            f"load it again (clef serve --head {classifier.head}=DIR, or POST /v1/heads), or PUT the "
+            "classifier with another head",
+            extra={**extra, "digest_served": None, "served": [h.name for h in heads]},
+        )
+    if recorded == info.digest:
+        return None
+    saved = f"saved with digest {recorded}" if recorded is not None else "saved before head digests were kept"
+    return ApiError(
+        409,
+        "head_changed",
+        f"classifier {classifier.name!r} was {saved}, but head {info.name!r} is served now with digest "
+        f"{info.digest}: serve the head it was saved with again, or PUT /v1/classifiers/{classifier.name} "
+        "again to accept the head served now",
+        extra={**extra, "digest_served": info.digest},
     )
 
 
@@ -144,6 +200,7 @@ def caller_owner(runtime: ServerRuntime, headers: Any) -> str:
 _SAVED_FIELDS = {
     "questions": "the questions are the classifier's own; change them with PUT /v1/classifiers/{name}",
     "model": "the classifier answers with its saved head; change it with PUT /v1/classifiers/{name}",
+    "x_head_digest": "the classifier pins the digest of the head it was saved with",
 }
 
 
@@ -165,6 +222,10 @@ def systemone_body(classifier: Classifier, data: Any) -> dict[str, Any]:
     body = {**data, "questions": classifier.questions}
     if classifier.head is not None:
         body["model"] = classifier.head
+    if classifier.head_digest is not None:
+        # The engine checks the pin again when it resolves the head: a head reloaded between the route's
+        # check and this request's admission is refused too.
+        body["x_head_digest"] = classifier.head_digest
     return body
 
 

@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from clef_runtime.engine.head_records import HeadChangedError, HeadError, HeadNotLoadedError, HeadRefusedError
 from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestValidationError
 from clef_runtime.protocol.plain_errors import plain_message
 
@@ -142,6 +143,26 @@ def from_protocol_error(exc: RequestValidationError) -> ApiError:
     return validation_error(exc.errors)
 
 
+def head_error(exc: HeadError) -> ApiError:
+    """A head that cannot answer, as HTTP: 404 ``head_not_loaded`` (with the heads served), 409
+    ``head_changed`` (with both digests), and for ``/v1/heads`` calls 409 for a conflict or 422 at the
+    field at fault."""
+    if isinstance(exc, HeadNotLoadedError):
+        return ApiError(
+            404, exc.error_type, exc.message, extra={"head": exc.name, "served": list(exc.served)}
+        )
+    if isinstance(exc, HeadChangedError):
+        return ApiError(
+            409,
+            exc.error_type,
+            exc.message,
+            extra={"head": exc.name, "digest_pinned": exc.pinned, "digest_served": exc.served},
+        )
+    if isinstance(exc, HeadRefusedError) and not exc.conflict:
+        return validation_error([{"loc": (exc.field,), "msg": exc.message, "type": exc.error_type}])
+    return ApiError(409, exc.error_type, exc.message)
+
+
 def as_api_error(exc: Exception) -> ApiError | None:
     """``exc`` as an :class:`ApiError` (protocol errors -> 422/413, HTTP exceptions keep their status), or
     None for an exception that is not a client-facing error."""
@@ -149,6 +170,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return exc
     if isinstance(exc, RequestValidationError):
         return from_protocol_error(exc)
+    if isinstance(exc, HeadError):
+        return head_error(exc)
     if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         error_type = _STATUS_ERROR_TYPES.get(exc.status_code, "http_error")
@@ -237,3 +260,9 @@ def install_error_handlers(app: FastAPI, path_shaper: PathShaper | None = None) 
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(FastAPIValidationError, handle_fastapi_validation)
     app.add_exception_handler(RequestValidationError, handle_protocol_error)
+
+    async def handle_head_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HeadError)
+        return head_error(exc).response()
+
+    app.add_exception_handler(HeadError, handle_head_error)

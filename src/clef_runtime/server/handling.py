@@ -174,6 +174,7 @@ def note(request: Request, **fields: Any) -> None:
 STATE_CACHE_HEADER = "X-Clef-State-Cache"
 CACHED_TOKENS_HEADER = "X-Clef-Cached-Tokens"
 STEPS_HEADER = "X-Clef-Steps"
+HEAD_HEADER = "X-Clef-Head"
 QUEUE_TIME_HEADER = "x-queue-time"
 INFERENCE_TIME_HEADER = "x-inference-time"
 TOTAL_TIME_HEADER = "x-total-time"
@@ -197,12 +198,16 @@ def finish(
     partial / miss, ``X-Clef-Cached-Tokens``), and the request's timing as text-embeddings-inference reports
     it: ``x-queue-time`` (waiting for its first engine step), ``x-inference-time`` (from there to its
     answer), ``x-total-time`` (arrival to response), all in milliseconds, ``x-compute-tokens`` (input
-    tokens) and ``X-Clef-Steps`` (engine steps it took part in).
+    tokens), ``X-Clef-Steps`` (engine steps it took part in) and ``X-Clef-Head`` (``name@digest12``: the
+    head that computed the answers, also the body's ``x_head``).
     """
     runtime = runtime_of(request)
     record = prepared.record
     out = dict(body)
     out["x_truncated_state_tokens"] = record.truncated_state_tokens
+    if decision.head is not None:
+        # Every route's body names the head that computed it (System One's has it from the decision).
+        out.setdefault("x_head", decision.head.as_api())
     started = getattr(request.state, "started_at", time.perf_counter())
     total_s = time.perf_counter() - started
     if not runtime.settings.deterministic:
@@ -237,6 +242,9 @@ def finish(
         COMPUTE_TOKENS_HEADER: str(record.input_tokens),
         STEPS_HEADER: str(timings.steps),
     }
+    if decision.head is not None:
+        headers[HEAD_HEADER] = decision.head.label
+        note(request, head=decision.head.label)
     response = JSONResponse(out, headers=headers)
     if runtime.settings.log_requests:
         logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))

@@ -24,7 +24,13 @@ from mcp.server import ServerRequestContext
 from starlette.requests import Request
 
 from clef_runtime.server.classifier_store import Classifier, ClassifierStore, ClassifierStoreUnavailable
-from clef_runtime.server.classifiers import caller_owner, decide_mapping, name_problem, unavailable_error
+from clef_runtime.server.classifiers import (
+    caller_owner,
+    decide_mapping,
+    name_problem,
+    pin_error,
+    unavailable_error,
+)
 from clef_runtime.server.flow import WireMapping
 from clef_runtime.server.handling import runtime_of
 from clef_runtime.server.mcp_tool import DECIDE_TOOL
@@ -189,4 +195,7 @@ class ClassifierTools:
             raise unavailable_error(exc) from None
         if classifier is None:
             return None
+        refused = pin_error(classifier, runtime_of(request).require_ready().head_infos())
+        if refused is not None:
+            raise refused  # the head it was saved with is not the one served: never another head's answer
         return await self._answer(decide_mapping(classifier), arguments, ctx)

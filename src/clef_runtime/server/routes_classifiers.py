@@ -6,11 +6,14 @@ listed. Every request counts one request of the caller's ``--rate-limit`` (`admi
 charged by the decision flow itself, once. The CRUD routes work while the model loads: the questions are
 checked by the protocol layer, not the engine.
 
-A saved head must be one this server serves (its release head by the model's name, or a tuned head of
-``/v1/models``): ``/v1/systemone`` answers an unknown ``model`` with the release head, which for a saved
-classifier would hide a typo for as long as it is used. So a PUT with a head waits for the model to load
-(503 with Retry-After until then). Deciding does not check again: a classifier whose head a later server
-start no longer serves is answered as ``/v1/systemone`` answers that ``model``.
+A saved head must be one this server serves (its default head by the model's name, or a tuned head of
+``GET /v1/heads``): ``/v1/systemone`` answers an unknown ``model`` with the default head, which for a saved
+classifier would hide a typo for as long as it is used. A classifier pins its head: PUT records the digest
+of the head it names (the default head without one), so a PUT waits for the model to load (503 with
+Retry-After until then). Deciding checks the pin (`pin_error`): a head no longer served is a 503
+``head_not_loaded``, a head served with other weights a 409 ``head_changed``, never an answer by another
+head; the engine checks it again when it admits the request (``x_head_digest``). Listing and reading show
+the pin's state in ``head_status``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from clef_runtime.server.classifiers import (
     decide_mapping,
     name_problem,
     parse_definition,
+    pin_error,
+    pin_status,
     unavailable_error,
 )
 from clef_runtime.server.errors import ApiError, ClientGone, validation_error
@@ -200,6 +205,14 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise unavailable_error(exc) from None
 
 
+def _with_status(request: Request, classifier: Classifier) -> dict[str, Any]:
+    """The classifier as the API shows it, with ``head_status``: whether the head it pinned is the one
+    served (`pin_status`; ``unknown`` while the model loads)."""
+    engine = runtime_of(request).engine
+    status = pin_status(classifier, engine.head_infos()) if engine is not None else {"status": "unknown"}
+    return {**classifier.as_api(), "head_status": status}
+
+
 def _not_found(name: str) -> ApiError:
     return ApiError(404, "not_found_error", f"no classifier {name!r} for this key")
 
@@ -212,8 +225,8 @@ def _engine_for_heads(request: Request) -> Engine:
         raise ApiError(
             503,
             "not_ready",
-            f"a classifier's head is checked against the heads this server serves, known once the model is "
-            f"loaded ({exc.message}); retry shortly, or save it without a head",
+            f"a classifier records the digest of the head it answers with, known once the model is loaded "
+            f"({exc.message}); retry shortly",
             headers={"Retry-After": exc.headers.get("Retry-After", "2")},
         ) from None
 
@@ -261,20 +274,28 @@ async def put_classifier(request: Request, name: str = _NAME) -> Response:
         return client_gone_response(request)
     try:
         definition = parse_definition(data)
+        # The digest of the head it names (the default head without one) is recorded with it: known once
+        # the model is loaded.
+        heads = _engine_for_heads(request).head_infos()
         if definition.head is not None:
-            engine = _engine_for_heads(request)
-            check_head(definition.head, engine.name, engine.head_cards.keys())
+            check_head(definition.head, [info.name for info in heads])
     except RequestValidationError as exc:
         raise validation_error(exc.errors) from None
+    pinned = next(
+        info
+        for info in heads
+        if (info.name == definition.head if definition.head is not None else info.default)
+    )
     classifier, created = await _store_call(
         _store(request).put,
         _owner(request),
         name,
         questions=definition.questions,
         head=definition.head,
+        head_digest=pinned.digest,
         description=definition.description,
     )
-    return JSONResponse(classifier.as_api(), status_code=201 if created else 200)
+    return JSONResponse(_with_status(request, classifier), status_code=201 if created else 200)
 
 
 @router.get(
@@ -288,7 +309,7 @@ async def list_classifiers(request: Request) -> dict[str, Any]:
     """``{"object": "list", "data": [classifier...]}``, by name."""
     admit_caller(request)
     classifiers = await _store_call(_store(request).list, _owner(request))
-    return {"object": "list", "data": [classifier.as_api() for classifier in classifiers]}
+    return {"object": "list", "data": [_with_status(request, classifier) for classifier in classifiers]}
 
 
 @router.get(
@@ -302,7 +323,7 @@ async def get_classifier(request: Request, name: str = _NAME) -> dict[str, Any]:
     """The caller's classifier ``name``, or 404."""
     admit_caller(request)
     classifier = await _classifier_or_404(request, name)
-    return classifier.as_api()
+    return _with_status(request, classifier)
 
 
 @router.delete(
@@ -353,4 +374,8 @@ async def decide_with_classifier(request: Request, name: str = _NAME) -> Respons
         # flow charges the calls that are answered, once).
         admit_caller(request)
         raise
+    refused = pin_error(classifier, runtime_of(request).require_ready().head_infos())
+    if refused is not None:
+        admit_caller(request)  # counted like any call that is answered
+        raise refused
     return await answer_decision(request, decide_mapping(classifier))

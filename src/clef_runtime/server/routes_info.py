@@ -143,8 +143,9 @@ async def models(request: Request) -> JSONResponse:
     """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
     x_calibration, confidence}]}``; ``x_calibration``: the calibration applied to answers (label, file,
     sha256, temperatures) or null; ``confidence``: the engine's ``--confidence`` mode. The Jev card keeps its
-    exact shape. Each tuned head (``--head NAME=DIR``) follows the base model in both lists, its ``data``
-    entry with ``x_head`` (base model, directory, weights sha256)."""
+    exact shape. Each tuned head (``--head NAME=DIR``, ``POST /v1/heads``) follows the base model in both
+    lists; every ``data`` entry has ``x_head`` (base model and the head's card: name, digest, source,
+    directory)."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
@@ -165,24 +166,29 @@ async def models(request: Request) -> JSONResponse:
         # The backbone's compute dtype (--dtype): bf16 answers drift slightly from the fp32 reference.
         "compute_dtype": engine.compute_dtype,
     }
+    heads = engine.head_infos()
+    default = next(info for info in heads if info.default)
+    # The base model's entry names the default head (the release's, or a bare --head DIR replacing it).
+    openai_entry["x_head"] = {"base_model": engine.name, **default.as_api()}
     models, data = [card], [openai_entry]
-    for name, head in engine.head_cards.items():
+    for head in heads:
+        if head.default:
+            continue
         # A tuned head on the same backbone: a request whose model is its name is answered by it.
         models.append(
             {
-                "name": name,
-                "description": f"a tuned head on {engine.name}'s backbone (model={name!r} picks it)",
+                "name": head.name,
+                "description": f"a tuned head on {engine.name}'s backbone (model={head.name!r} picks it)",
                 "release_date": release_date,
             }
         )
-        head_calibration = head.get("calibration")
         data.append(
             {
                 **openai_entry,
-                "id": name,
+                "id": head.name,
                 "owned_by": "clef-runtime",
-                "x_calibration": dict(head_calibration) if head_calibration is not None else None,
-                "x_head": {"base_model": engine.name, "path": head.get("path"), "sha256": head.get("sha256")},
+                "x_calibration": dict(head.calibration) if head.calibration is not None else None,
+                "x_head": {"base_model": engine.name, **head.as_api()},
             }
         )
     return JSONResponse({"object": "list", "models": models, "data": data})

@@ -169,6 +169,8 @@ class ServerRuntime:
         self.replica_id = f"{socket.gethostname()}:{settings.port}"
         """This process's replica id (``X-Clef-Replica``): stable for the server's address."""
         self.keys = KeyChecker(settings.api_keys)
+        self.admin_keys = KeyChecker(settings.admin_keys)
+        """The keys of the admin routes (``/v1/heads`` changes); none configured: those routes are 404."""
         rate = settings.rate_limit
         self.limiter = RateLimiter(rate, settings.rate_burst_size) if rate is not None else None
         """Per-caller rate limits on the decision routes (None: off)."""
@@ -327,10 +329,26 @@ class ServerRuntime:
         :class:`InputTooLongError` (413) before any model work.
         """
         prepared = engine.prepare(data)
+        if self.settings.strict_model_names:
+            self._check_model_name(engine, prepared.request.model)
         rows = prepared.parts if isinstance(prepared, IndependentRequest) else (prepared,)
         for row in rows:
             self._check_limit(row.record)
         return prepared
+
+    @staticmethod
+    def _check_model_name(engine: Engine, model: str | None) -> None:
+        """``--strict-model-names``: a request naming no served head is refused instead of answered by the
+        default head."""
+        names = [info.name for info in engine.head_infos()]
+        if model is not None and model not in names:
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"model {model!r} is not served (--strict-model-names); the names served are "
+                f"{', '.join(repr(name) for name in names)} (GET /v1/models)",
+                extra={"served": names},
+            )
 
     def _check_limit(self, record: Any) -> None:
         """Raises `InputTooLongError` for a row over the token limit (or truncated under reject)."""

@@ -96,6 +96,12 @@ class ServerSettings:
     jobs_batch_size: int = 1
     """Job lines started per engine step; an interactive request arriving meanwhile waits for at most one
     step."""
+    admin_keys: tuple[str, ...] = ()
+    """Keys of the admin routes (``POST`` / ``DELETE /v1/heads``), ``NAME:KEY`` or ``KEY``; empty: those
+    routes are not served (404)."""
+    strict_model_names: bool = False
+    """Refuse (404) a request whose ``model`` names no served head, instead of answering it with the default
+    head (what SDKs sending ``jev-latest`` or an OpenAI model name need)."""
     classifiers_db: str | None = None
     """The saved classifiers' database (SQLite); None: ``classifiers.sqlite3`` beside the jobs database."""
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -134,6 +140,18 @@ class ServerSettings:
             problems.append(f"--on-overflow must be 'truncate' or 'reject', got {self.on_overflow!r}")
         if any(not key or not key.isprintable() or key != key.strip() for key in self.api_keys):
             problems.append("--api-key values must be non-empty printable strings without surrounding spaces")
+        if any(not key or not key.isprintable() or key != key.strip() for key in self.admin_keys):
+            problems.append(
+                "--admin-key values must be non-empty printable strings without surrounding spaces"
+            )
+        api_secrets = {parse_key(value, position).secret for position, value in enumerate(self.api_keys, 1)}
+        if any(
+            parse_key(value, position).secret in api_secrets
+            for position, value in enumerate(self.admin_keys, 1)
+        ):
+            problems.append(
+                "--admin-key must differ from every --api-key (an API key must not unlock the admin routes)"
+            )
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             problems.append(f"--log-level must be critical/error/warning/info/debug, got {self.log_level!r}")
         if problems:
@@ -190,9 +208,10 @@ class ServerSettings:
         return self.engine.replace(max_length=self.input_token_limit)
 
     def redacted(self) -> dict[str, Any]:
-        """The settings as a dict for logs, with API keys replaced by their count."""
+        """The settings as a dict for logs, with API and admin keys replaced by their count."""
         out = dataclasses.asdict(self)
         out["api_keys"] = f"<{len(self.api_keys)} key(s)>"
+        out["admin_keys"] = f"<{len(self.admin_keys)} key(s)>"
         return out
 
 
@@ -345,6 +364,26 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "the saved classifiers' database file (SQLite; default classifiers.sqlite3 beside the jobs database)",
         "PATH",
+    ),
+    Option(
+        "admin_keys",
+        "--admin-key",
+        "CLEF_ADMIN_KEY",
+        str,
+        "the key of the admin routes, POST and DELETE /v1/heads (load and unload heads at run time); "
+        "NAME:KEY names it; repeatable (the variable takes a comma-separated list). An --api-key gets 403 "
+        "there. Default: none, and those routes are not served",
+        "KEY",
+        kind="append",
+    ),
+    Option(
+        "strict_model_names",
+        "--strict-model-names",
+        "CLEF_STRICT_MODEL_NAMES",
+        parse_bool,
+        "refuse (404, listing the served names) a request whose model names no served head; by default it is "
+        "answered by the default head, as SDKs that send jev-latest or an OpenAI model name need",
+        kind="bool",
     ),
     Option(
         "log_requests",
