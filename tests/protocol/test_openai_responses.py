@@ -386,7 +386,7 @@ def test_the_sdks_pydantic_function_tool_is_decided() -> None:
         (
             {"tools": [TOOL], "tool_choice": "none", "text": None},
             ("tool_choice",),
-            "a decision is answered through one function tool or a json_schema format",
+            "a decision is answered through one function tool or a json_schema text.format",
         ),
     ],
 )

@@ -70,7 +70,12 @@ def _refusal(tools: Any, choice: Any, *, is_nested: bool = True) -> dict[str, An
         ([nested("a"), nested("a")], None, ("tools", 1, "function", "name"), "two tools are named 'a'"),
         ([nested("a", None)], None, ("tools", 0, "function", "parameters"), "parameters schema"),
         (None, "required", ("tool_choice",), "no tools were given"),
-        ([nested("a")], "none", ("tool_choice",), "there is no json_schema format to answer instead"),
+        (
+            [nested("a")],
+            "none",
+            ("tool_choice",),
+            "there is no json_schema response_format to answer instead",
+        ),
         ([], {"type": "function", "function": {"name": "a"}}, ("tool_choice",), "no tools were given"),
     ],
 )

@@ -114,7 +114,7 @@ def test_a_streamed_request_that_fails_is_a_json_error_before_any_event(client: 
         (
             {"tools": [TOOL], "tool_choice": "none", "text": None},
             "tool_choice",
-            "a decision is answered through one function tool or a json_schema format",
+            "a decision is answered through one function tool or a json_schema text.format",
         ),
     ],
 )

@@ -133,11 +133,12 @@ def chosen_function_tool(
     ``parameters``, ``tool_choice: "none"`` with tools and no schema to answer instead.
     """
     if tool_choice == "none" and tools and not schema_given:
+        fmt = "response_format" if nested else "text.format"
         raise RequestValidationError.single(
             ("tool_choice",),
-            "tool_choice is 'none', so the tools cannot be called, and there is no json_schema format to "
-            "answer instead: a decision is answered through one function tool or a json_schema format; "
-            "send tool_choice 'required' (or name the tool) to have it called, or a json_schema format",
+            f"tool_choice is 'none', so the tools cannot be called, and there is no json_schema {fmt} to "
+            f"answer instead: a decision is answered through one function tool or a json_schema {fmt}; "
+            f"send tool_choice 'required' (or name the tool) to have it called, or a json_schema {fmt}",
             "unsupported_value",
         )
     if tool_choice == "none" or not tools:
