@@ -299,6 +299,21 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
             "a tool call must be",
         ),
         ({"stream": "yes"}, ("stream",), "stream must be true or false, got a string"),
+        (
+            {"messages": [{"role": "robot", "content": "hi"}]},
+            ("messages", 0, "role"),
+            "role must be one of 'system', 'developer', 'user', 'assistant', 'tool', 'function' "
+            "(got 'robot')",
+        ),
+        (
+            {
+                "response_format": None,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": "none",
+            },
+            ("tool_choice",),
+            "tool_choice is 'none', so the tools cannot be called",
+        ),
     ],
 )
 def test_requests_that_cannot_be_decided_are_refused_naming_the_field(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pytest
+from openai import omit
+from openai._models import construct_type
 from openai.lib._parsing._responses import type_to_text_format_param
 from openai.lib._tools import pydantic_responses_function_tool
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, Field
 
 from clef_runtime.protocol import openai_chat
@@ -19,6 +23,7 @@ from clef_runtime.protocol.openai_responses import (
     ResponsesPlan,
     parse_responses_request,
     to_response,
+    to_response_events,
     to_systemone,
     translate_error_loc,
 )
@@ -281,7 +286,6 @@ def test_the_sdks_pydantic_function_tool_is_decided() -> None:
     ("overrides", "loc", "words"),
     [
         ({"n": 2}, ("n",), "n must be 1"),
-        ({"stream": True}, ("stream",), "stream must be false"),
         ({"stream": "yes"}, ("stream",), "stream must be true or false, got a string"),
         ({"previous_response_id": "resp_1"}, ("previous_response_id",), "stores no responses"),
         ({"conversation": "conv_1"}, ("conversation",), "send the whole conversation"),
@@ -356,6 +360,34 @@ def test_the_sdks_pydantic_function_tool_is_decided() -> None:
             "{type: 'function', name}",
         ),
         ({"tools": [TOOL], "tool_choice": {"type": "file_search"}}, ("tool_choice", "type"), "file_search"),
+        (
+            {"input": [{"role": "robot", "content": "hi"}]},
+            ("input", 0, "role"),
+            "role must be one of 'system', 'developer', 'user', 'assistant' (got 'robot')",
+        ),
+        (
+            {"input": [{"type": "message", "role": "tool", "content": "hi"}]},
+            ("input", 0, "role"),
+            "(got 'tool')",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "route", "parameters": TOOL_SCHEMA}}],
+                "tool_choice": "required",
+            },
+            ("tools", 0),
+            "Responses API function tools are flat: {type: 'function', name, parameters}",
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "route"}}},
+            ("tool_choice",),
+            "tool_choice {type: 'function', name}",
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": "none", "text": None},
+            ("tool_choice",),
+            "a decision is answered through one function tool or a json_schema text.format",
+        ),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_naming_the_field(
@@ -492,3 +524,97 @@ def test_the_model_falls_back_to_the_requested_one() -> None:
     answer = {k: v for k, v in SYSTEMONE.items() if k not in ("model", "x_state_cache")}
     out = to_response(answer, plan, request_id="r", created=0)
     assert out["model"] == "gpt-x" and "x_state_cache" not in out
+
+
+# --------------------------------------------------------------------------------------------- stream
+
+MESSAGE_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+CALL_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+EVENT_CLASSES: dict[str, type[BaseModel]] = {
+    get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in get_args(get_args(ResponseStreamEvent)[0])
+}
+"""The ``openai`` package's typed stream event class of each event type."""
+
+
+def _check_typed(events: list[dict[str, Any]]) -> None:
+    """Each event validates strictly as the ``openai`` package's typed event of its type (every required
+    field present and typed). The completed Response's ``usage`` is left out: it is the unstreamed
+    Response's usage, which the SDK reads laxly (it has no ``cache_write_tokens``)."""
+    for event in events:
+        if event["type"] == "response.completed":
+            event = {**event, "response": {**event["response"], "usage": None}}
+        EVENT_CLASSES[event["type"]].model_validate(event)
+
+
+def _accumulated(events: list[dict[str, Any]], **state: Any) -> Any:
+    """The final response the SDK's ``responses.stream`` builds from ``events``, each read as the SDK's
+    stream reads it."""
+    _check_typed(events)
+    accumulator = ResponseStreamState(**{"input_tools": omit, "text_format": omit, **state})
+    for event in events:
+        accumulator.handle_event(construct_type(type_=ResponseStreamEvent, value=event))
+    return accumulator._completed_response
+
+
+def test_the_stream_is_the_message_whole_in_one_delta_numbered_from_zero() -> None:
+    _, plan = _mapped(text=TICKET_FORMAT, include=["message.output_text.logprobs"], stream=True)
+    assert plan.stream
+    response = {**to_response(SYSTEMONE, plan, request_id="abc", created=7), "x_latency_ms": 3.5}
+    events = to_response_events(response)
+    assert [event["type"] for event in events] == MESSAGE_EVENTS
+    assert [event["sequence_number"] for event in events] == list(range(len(MESSAGE_EVENTS)))
+    created, in_progress, added, part_added, delta, text_done, part_done, item_done, completed = events
+    assert created["response"] == in_progress["response"]
+    assert created["response"]["status"] == "in_progress" and created["response"]["output"] == []
+    assert created["response"]["usage"] is None and created["response"]["id"] == "resp_abc"
+    assert not [key for key in created["response"] if key.startswith("x_")]
+    (part,) = response["output"][0]["content"]
+    assert added["item"] == {**response["output"][0], "status": "in_progress", "content": []}
+    assert part_added["part"] == {**part, "text": "", "logprobs": []}
+    assert delta["delta"] == text_done["text"] == part["text"] and delta["logprobs"] == part["logprobs"]
+    for event in (part_added, delta, text_done, part_done):
+        assert (event["item_id"], event["output_index"], event["content_index"]) == ("msg_abc", 0, 0)
+    assert part_done["part"] == part and item_done["item"] == response["output"][0]
+    assert completed["response"] == response  # usage and the x_ extras as unstreamed
+    final = _accumulated(events, text_format=Ticket)
+    assert final.output_text == part["text"] and final.usage.input_tokens == 42
+    assert final.output_parsed == Ticket(team="tech", urgent=False, priority=2)
+
+
+def test_a_streamed_function_call_is_its_arguments_in_one_delta() -> None:
+    tool = {"type": "function", "name": "ticket", "parameters": Ticket.model_json_schema()}
+    _, plan = _mapped(tools=[tool], tool_choice={"type": "function", "name": "ticket"}, stream=True)
+    response = to_response(SYSTEMONE, plan, request_id="abc", created=0)
+    events = to_response_events(response)
+    assert [event["type"] for event in events] == CALL_EVENTS
+    assert [event["sequence_number"] for event in events] == list(range(len(CALL_EVENTS)))
+    (call,) = response["output"]
+    added, delta, done = events[2:5]
+    assert added["item"] == {**call, "status": "in_progress", "arguments": ""}
+    assert delta["delta"] == done["arguments"] == call["arguments"]
+    assert (
+        (delta["item_id"], delta["output_index"]) == (done["item_id"], done["output_index"]) == ("fc_abc", 0)
+    )
+    final = _accumulated(events)
+    assert [item.arguments for item in final.output] == [call["arguments"]]

@@ -26,7 +26,7 @@ def test_the_only_tool_is_called_unless_the_choice_is_none(choice: Any) -> None:
     tool = chosen_function_tool([nested("final_result")], choice, nested=True)
     assert tool is not None and tool.name == "final_result" and tool.parameters == PARAMS
     assert tool.parameters_loc == ("tools", 0, "function", "parameters")
-    assert chosen_function_tool([nested("final_result")], "none", nested=True) is None
+    assert chosen_function_tool([nested("final_result")], "none", nested=True, schema_given=True) is None
     assert chosen_function_tool(None, None, nested=True) is None
     assert chosen_function_tool([], "auto", nested=True) is None
 
@@ -70,6 +70,12 @@ def _refusal(tools: Any, choice: Any, *, is_nested: bool = True) -> dict[str, An
         ([nested("a"), nested("a")], None, ("tools", 1, "function", "name"), "two tools are named 'a'"),
         ([nested("a", None)], None, ("tools", 0, "function", "parameters"), "parameters schema"),
         (None, "required", ("tool_choice",), "no tools were given"),
+        (
+            [nested("a")],
+            "none",
+            ("tool_choice",),
+            "there is no json_schema response_format to answer instead",
+        ),
         ([], {"type": "function", "function": {"name": "a"}}, ("tool_choice",), "no tools were given"),
     ],
 )

@@ -37,6 +37,7 @@ CHAT = {
     "temperature": 0.7,
 }
 CHAT_PATH = "/v1/chat/completions"
+TOOL = {"type": "function", "function": {"name": "ticket", "parameters": SCHEMA, "strict": True}}
 WORKERS = "/client/v4/accounts/0123abcd/ai/run/@cf/cloudflare/clef-flash"
 SYSTEMONE = {
     "state": "Charged twice.",
@@ -116,6 +117,12 @@ def test_chat_answers_are_the_argmax_of_the_equivalent_systemone_request(client:
             "unsupported_schema",
         ),
         ({"messages": []}, "messages", "too_short"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "invalid_value"),
+        (
+            {"response_format": None, "tools": [TOOL], "tool_choice": "none"},
+            "tool_choice",
+            "unsupported_value",
+        ),
     ],
 )
 def test_chat_errors_use_openai_shape_naming_the_field(
@@ -173,9 +180,6 @@ def test_chat_stream_is_one_chunk_then_done(client: TestClient) -> None:
     assert chunks[0]["choices"][0]["delta"]["content"] == plain["choices"][0]["message"]["content"]
     assert chunks[0]["choices"][0]["logprobs"] == plain["choices"][0]["logprobs"]
     assert chunks[1]["usage"] == plain["usage"] and chunks[1]["choices"] == []
-
-
-TOOL = {"type": "function", "function": {"name": "ticket", "parameters": SCHEMA, "strict": True}}
 
 
 @pytest.mark.parametrize(

@@ -55,13 +55,78 @@ def test_the_operation_is_documented_with_examples_that_are_accepted(client: Tes
         assert body["x_truncated_state_tokens"] == 0
 
 
-def test_a_stream_request_is_a_400_naming_stream(client: TestClient) -> None:
+def _sse(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event name, data)`` of each server-sent event of ``response``."""
+    events = []
+    for block in response.text.split("\n\n"):
+        if block:
+            name, data = block.split("\n")
+            assert name.startswith("event: ") and data.startswith("data: ")
+            events.append((name[len("event: ") :], json.loads(data[len("data: ") :])))
+    return events
+
+
+def test_stream_true_is_the_event_stream_of_the_same_response(client: TestClient) -> None:
     body = {**RESPONSES_EXAMPLES["json_schema"]["value"], "stream": True}
     response = client.post("/v1/responses", json=body)
-    assert response.status_code == 400
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-request-id"] and response.headers["X-Clef-State-Cache"]
+    events = _sse(response)
+    assert [name for name, _ in events] == [data["type"] for _, data in events]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert events[0][0] == "response.created" and events[-1][0] == "response.completed"
+    plain = client.post("/v1/responses", json={**body, "stream": False}).json()
+    completed = events[-1][1]["response"]
+    assert completed["output"][0]["content"] == plain["output"][0]["content"]
+    assert completed["usage"] == plain["usage"] and completed["x_decisions"] == plain["x_decisions"]
+    (delta,) = [data for name, data in events if name == "response.output_text.delta"]
+    assert delta["delta"] == plain["output"][0]["content"][0]["text"]
+
+
+def test_a_streamed_request_that_fails_is_a_json_error_before_any_event(client: TestClient) -> None:
+    body = {
+        **RESPONSES_EXAMPLES["json_schema"]["value"],
+        "stream": True,
+        "text": {"format": {"type": "text"}},
+    }
+    response = client.post("/v1/responses", json=body)
+    assert response.status_code == 400 and response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["param"] == "text.format"
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "words"),
+    [
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "ticket", "parameters": SCHEMA}}],
+                "tool_choice": "required",
+            },
+            "tools[0]",
+            "Responses API function tools are flat: {type: 'function', name, parameters}",
+        ),
+        (
+            {"input": [{"role": "robot", "content": USER}]},
+            "input[0].role",
+            "role must be one of 'system', 'developer', 'user', 'assistant' (got 'robot')",
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": "none", "text": None},
+            "tool_choice",
+            "a decision is answered through one function tool or a json_schema text.format",
+        ),
+    ],
+)
+def test_a_wrong_tool_shape_role_or_tool_choice_is_a_400_naming_the_field(
+    client: TestClient, change: dict[str, Any], param: str, words: str
+) -> None:
+    body = {"model": "clef", "input": USER, "text": TEXT_FORMAT, **change}
+    response = client.post("/v1/responses", json=body)
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "stream" and error["type"] == "invalid_request_error"
-    assert "stream must be false" in error["message"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and words in error["message"]
 
 
 def test_the_readme_snippet_runs_as_written(live_fake: Callable[..., LiveServer]) -> None:
@@ -280,9 +345,71 @@ def test_bad_requests_are_openai_errors_naming_the_field(sdk: openai.OpenAI) -> 
         ],
     )
     assert error.param == "input[0].content[1]" and error.code == "image_url_not_allowed"
-    with pytest.raises(openai.BadRequestError) as info:
-        sdk.responses.create(model="tiny", input=USER, text=TEXT_FORMAT, stream=True)  # type: ignore[arg-type]
-    assert info.value.param == "stream"
+
+
+STREAMED_MESSAGE = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+@pytest.mark.slow
+def test_responses_stream_parses_to_the_unstreamed_answer(sdk: openai.OpenAI) -> None:
+    plain = sdk.responses.parse(model="tiny", instructions=SYSTEM, input=USER, text_format=Ticket)
+    with sdk.responses.stream(model="tiny", instructions=SYSTEM, input=USER, text_format=Ticket) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.output_text == plain.output_text == "".join(deltas) and len(deltas) == 1
+    assert isinstance(final.output_parsed, Ticket) and final.output_parsed == plain.output_parsed
+    assert final.usage is not None and final.usage.input_tokens == plain.usage.input_tokens  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_create_with_stream_sends_the_events_in_order_with_usage_last(sdk: openai.OpenAI) -> None:
+    events = list(sdk.responses.create(model="tiny", input=USER, text=TEXT_FORMAT, stream=True))  # type: ignore[arg-type]
+    assert [event.type for event in events] == STREAMED_MESSAGE
+    assert [event.sequence_number for event in events] == list(range(len(STREAMED_MESSAGE)))
+    completed = events[-1]
+    assert completed.type == "response.completed" and completed.response.status == "completed"
+    assert completed.response.usage is not None and completed.response.usage.input_tokens > 0
+    assert completed.response.id == events[0].response.id  # type: ignore[union-attr]
+    plain = sdk.responses.create(model="tiny", input=USER, text=TEXT_FORMAT)  # type: ignore[arg-type]
+    assert completed.response.output_text == plain.output_text
+
+
+@pytest.mark.slow
+def test_a_forced_function_tool_streams_its_arguments_whole(sdk: openai.OpenAI, live: Live) -> None:
+    request: dict[str, Any] = {
+        "model": "tiny",
+        "instructions": SYSTEM,
+        "input": USER,
+        "tools": [openai.pydantic_function_tool(Ticket)],
+        "tool_choice": {"type": "function", "name": "Ticket"},
+    }
+    with sdk.responses.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "Ticket"
+    assert isinstance(call.parsed_arguments, Ticket)  # type: ignore[union-attr]
+    direct = systemone(live, _ticket_equivalent(EQUIVALENT["state"]))["answers"]
+    assert call.parsed_arguments.model_dump(mode="json") == argmax_answers(direct)  # type: ignore[union-attr]
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ schema decided in one prefill, with real probabilities instead of sampled tokens
 The request, field by field:
 
 * ``messages`` -> the System One ``state`` as a message array ``[{"role", "content"}, ...]`` in order,
-  system and developer messages included (the encoder renders it as compact JSON). A string content is
+  system and developer messages included (the encoder renders it as compact JSON); a role other than
+  Chat Completions' (`CHAT_ROLES`) is refused naming ``messages[i].role``. A string content is
   kept as is; a list of parts keeps its text (``text``, an assistant's ``refusal``): one text as a string,
   several as an array of strings. ``image_url`` parts (inline ``data:`` URLs) go to System One's top-level
   ``images`` list in message order, with System One's limits (4 images, 4 MiB each, 8 MiB together); a
@@ -84,11 +85,13 @@ from clef_runtime.protocol.systemone import (
 
 __all__ = [
     "CHAT_PARTS",
+    "CHAT_ROLES",
     "SCHEMA_LOC",
     "ChatCompletionRequest",
     "ChatPlan",
     "FieldPlan",
     "PartKinds",
+    "checked_role",
     "content_pieces",
     "field_logprobs",
     "openai_error_body",
@@ -214,6 +217,9 @@ class PartKinds:
     """How a valid part looks, for the error message."""
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The message roles of Chat Completions (``function``: the legacy function result)."""
+
 CHAT_PARTS = PartKinds(
     text=("text",),
     image="image_url",
@@ -261,6 +267,20 @@ def content_pieces(
     return pieces
 
 
+def checked_role(role: Any, loc: tuple[str | int, ...], allowed: tuple[str, ...]) -> str:
+    """A message's ``role``, which must be one of ``allowed`` (an unknown role would reach the model as a
+    speaker it was never shown). Raises :class:`RequestValidationError` at ``loc`` listing them."""
+    if not isinstance(role, str) or not role:
+        raise RequestValidationError.single(loc, "a message needs a role", "missing")
+    if role not in allowed:
+        raise RequestValidationError.single(
+            loc,
+            f"role must be one of {', '.join(repr(r) for r in allowed)} (got {role!r})",
+            "invalid_value",
+        )
+    return role
+
+
 def _state_of(messages: list[Any]) -> tuple[list[dict[str, Any]] | str, list[Any], list[tuple]]:
     state: list[dict[str, Any]] = []
     images: list[Any] = []
@@ -269,9 +289,7 @@ def _state_of(messages: list[Any]) -> tuple[list[dict[str, Any]] | str, list[Any
         loc: tuple[str | int, ...] = ("messages", i)
         if not isinstance(message, dict):
             raise RequestValidationError.single(loc, "a message must be an object with a role", "type")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise RequestValidationError.single((*loc, "role"), "a message needs a role", "missing")
+        role = checked_role(message.get("role"), (*loc, "role"), CHAT_ROLES)
         pieces = content_pieces(message.get("content"), (*loc, "content"), images, image_locs)
         calls = _calls_of(message, loc)
         if not pieces and not calls:

@@ -15,11 +15,12 @@ The request, field by field:
   same conversation sent to either route is the same state, and the same decision):
 
   - a string -> one ``{"role": "user", "content": ...}`` message;
-  - a message item (``type: "message"`` or no type; ``role`` and ``content``): a string content is kept, a
-    list of parts keeps its texts (``input_text``, ``output_text``, an assistant's ``refusal``; one text
-    as a string, several as an array), ``input_image`` parts (inline ``data:`` URLs) go to System One's
-    ``images`` with its limits (4 images, 4 MiB each, 8 MiB together), and a message left without text is
-    omitted; ``input_file`` and ``input_audio`` parts are refused;
+  - a message item (``type: "message"`` or no type; ``role`` one of ``system``, ``developer``, ``user``,
+    ``assistant``, and ``content``): a string content is kept, a list of parts keeps its texts
+    (``input_text``, ``output_text``, an assistant's ``refusal``; one text as a string, several as an
+    array), ``input_image`` parts (inline ``data:`` URLs) go to System One's ``images`` with its limits (4
+    images, 4 MiB each, 8 MiB together), and a message left without text is omitted; ``input_file`` and
+    ``input_audio`` parts are refused;
   - a ``function_call`` item -> ``{"role": "assistant", "tool_calls": [{"name", "arguments"}]}``
     (arguments as JSON when they parse; call ids dropped, as chat drops them), merged into the assistant
     message or call just before it, as chat holds one turn's text and calls in one message;
@@ -37,8 +38,8 @@ The request, field by field:
   "allowed_tools", "mode", "tools": [one function]}`` forces that function. With a json_schema
   ``text.format`` as well, a tool is called only when forced or ``"required"`` (``"auto"`` answers the
   format); a called tool's ``parameters`` are decided (errors at ``tools[i].parameters.properties.<name>``).
-* Refused with 400 naming the field, because they cannot be honoured: ``stream: true`` (the answer is sent
-  whole; ``client.responses.parse`` and ``create`` do not stream), ``previous_response_id``,
+* ``stream: true``: the same Response object sent as the Responses event stream (`to_response_events`).
+* Refused with 400 naming the field, because they cannot be honoured: ``previous_response_id``,
   ``conversation`` and ``prompt`` (they refer to state stored by OpenAI; nothing is stored here: send the
   whole conversation in ``input``), ``background: true`` (nothing to poll), ``n`` above 1.
 * Accepted and ignored (they change nothing about a decision): ``store`` (nothing is stored either way),
@@ -63,6 +64,16 @@ The reply is a Response object (https://platform.openai.com/docs/api-reference/r
 sent); ``store`` is false and ``previous_response_id`` null; ``x_decisions`` has the System One answers.
 Errors use OpenAI's shape, ``param`` naming the field (``text.format.schema.properties.summary``,
 ``input[2].content[1]``).
+
+Streamed (https://platform.openai.com/docs/api-reference/responses-streaming), the decision is made whole
+first, then sent as the events OpenAI sends, each with its ``sequence_number`` (0, 1, ...):
+``response.created`` and ``response.in_progress`` (the Response without output or usage, ``status:
+"in_progress"``), ``response.output_item.added`` (the item, empty and in progress), then for a message
+``response.content_part.added``, the whole text as one ``response.output_text.delta`` (with the logprobs),
+``response.output_text.done`` and ``response.content_part.done``, or for a function call the whole
+arguments as one ``response.function_call_arguments.delta`` and ``response.function_call_arguments.done``;
+then ``response.output_item.done`` (the finished item) and ``response.completed``, whose ``response`` is
+the Response object as it is sent unstreamed (usage and ``x_`` extras included).
 """
 
 from __future__ import annotations
@@ -77,6 +88,7 @@ from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.openai_chat import (
     FieldPlan,
     PartKinds,
+    checked_role,
     content_pieces,
     field_logprobs,
     route_error_loc,
@@ -93,6 +105,7 @@ __all__ = [
     "ResponsesRequest",
     "parse_responses_request",
     "to_response",
+    "to_response_events",
     "to_systemone",
     "translate_error_loc",
 ]
@@ -183,6 +196,8 @@ class ResponsesPlan:
     tool_name: str | None = None
     """The function tool whose call is the answer (None: the answers are the message's output text)."""
     logprobs: bool = False
+    stream: bool = False
+    """``stream: true``: the Response object is sent as the Responses event stream (`to_response_events`)."""
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's fields that the Response object repeats, with OpenAI's defaults where not sent."""
 
@@ -193,6 +208,9 @@ class ResponsesPlan:
 def _refuse(loc: Loc, msg: str, type_: str) -> RequestValidationError:
     return RequestValidationError.single(loc, msg, type_)
 
+
+RESPONSES_ROLES = ("system", "developer", "user", "assistant")
+"""The roles of a Responses API message item (tool results are ``function_call_output`` items)."""
 
 RESPONSES_PARTS = PartKinds(
     text=("input_text", "output_text"),
@@ -241,9 +259,7 @@ def _state_of(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | str, li
         kind = item.get("type") or "message"
         entry: dict[str, Any] | None = None
         if kind == "message":
-            role = item.get("role")
-            if not isinstance(role, str) or not role:
-                raise _refuse((*loc, "role"), "a message needs a role", "missing")
+            role = checked_role(item.get("role"), (*loc, "role"), RESPONSES_ROLES)
             pieces = _pieces(item.get("content"), (*loc, "content"), images, image_locs)
             if pieces:
                 entry = {"role": role, "content": pieces[0] if len(pieces) == 1 else pieces}
@@ -291,13 +307,6 @@ def _unsupported(request: ResponsesRequest) -> None:
     if request.n is not None and request.n != 1:
         raise _refuse(
             ("n",), f"n must be 1: a decision has one answer (got {request.n})", "unsupported_value"
-        )
-    if request.stream:
-        raise _refuse(
-            ("stream",),
-            "stream must be false: a decision is answered whole, in one Response object (the Responses event "
-            "stream is not served; responses.create and responses.parse without stream work)",
-            "unsupported_value",
         )
     stored = (
         ("previous_response_id", request.previous_response_id),
@@ -410,6 +419,7 @@ def to_systemone(request: ResponsesRequest) -> tuple[dict[str, Any], ResponsesPl
         model=request.model,
         tool_name=None if tool is None else tool.name,
         logprobs=LOGPROBS_INCLUDE in (request.include or ()),
+        stream=bool(request.stream),
         echo=_echo(request),
     )
     return body, plan
@@ -488,3 +498,58 @@ def to_response(
     if "x_state_cache" in systemone:
         body["x_state_cache"] = systemone["x_state_cache"]
     return body
+
+
+# --------------------------------------------------------------------------------------------- stream
+
+
+def _in_progress(response: dict[str, Any]) -> dict[str, Any]:
+    """The Response as ``response.created`` / ``response.in_progress`` show it: no output, no usage, not
+    completed, without the ``x_`` extras and ``latency_ms`` (they describe the finished decision)."""
+    lifecycle = {k: v for k, v in response.items() if not k.startswith("x_") and k != "latency_ms"}
+    return {**lifecycle, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
+
+
+def _message_events(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message item's text events: its one part added empty, the whole text as one delta, done."""
+    where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    (part,) = item["content"]
+    empty = {**part, "text": "", "logprobs": []}
+    return [
+        {"type": "response.content_part.added", **where, "part": empty},
+        {"type": "response.output_text.delta", **where, "delta": part["text"], "logprobs": part["logprobs"]},
+        {"type": "response.output_text.done", **where, "text": part["text"], "logprobs": part["logprobs"]},
+        {"type": "response.content_part.done", **where, "part": part},
+    ]
+
+
+def _call_events(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A function call item's events: the whole arguments as one delta, then done."""
+    where = {"item_id": item["id"], "output_index": 0}
+    return [
+        {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
+        {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
+    ]
+
+
+def to_response_events(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Responses stream events of a finished Response object ``response`` (:func:`to_response`'s body
+    with the route's ``x_`` extras), in order and numbered (module docstring). The caller sends each as an
+    SSE event named by its ``type``."""
+    (item,) = response["output"]
+    lifecycle = _in_progress(response)
+    if item["type"] == "message":
+        added = {**item, "status": "in_progress", "content": []}
+        body = _message_events(item)
+    else:
+        added = {**item, "status": "in_progress", "arguments": ""}
+        body = _call_events(item)
+    events = [
+        {"type": "response.created", "response": lifecycle},
+        {"type": "response.in_progress", "response": lifecycle},
+        {"type": "response.output_item.added", "output_index": 0, "item": added},
+        *body,
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": response},
+    ]
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]

@@ -9,7 +9,8 @@ arguments are the answers. Pure: no torch, no HTTP.
 The rule for picking the tool, the same on Chat Completions and on the Responses API:
 
 * no ``tools`` (or an empty list), or ``tool_choice: "none"``: no tool is called (the request's
-  ``response_format`` / ``text.format`` schema is decided instead);
+  ``response_format`` / ``text.format`` schema is decided instead; ``"none"`` with tools and no such
+  schema is refused naming ``tool_choice``: nothing would be left to answer through);
 * ``tool_choice`` ``"auto"`` or absent while the request also has a json_schema format: no tool is called
   either. "auto" lets the model answer instead of calling, and a decision's answer is that schema (an
   agent that offers tools next to its structured output, as pydantic-ai's ``NativeOutput`` with tools
@@ -19,9 +20,10 @@ The rule for picking the tool, the same on Chat Completions and on the Responses
   is refused with 400 naming ``tool_choice``: a decision answers one schema, so the client must name it.
 
 Every tool must be a function tool with a ``parameters`` object; other tool types (built-in search,
-custom grammar tools) are refused naming the tool. ``parallel_tool_calls`` is accepted: exactly one call
-is made whatever its value. ``strict`` (true, false or absent) changes nothing: every property is
-answered with one of its allowed values either way.
+custom grammar tools) are refused naming the tool, and so is a Chat Completions-shaped tool (``function:
+{name, parameters}``) sent to the Responses API, whose function tools are flat. ``parallel_tool_calls``
+is accepted: exactly one call is made whatever its value. ``strict`` (true, false or absent) changes
+nothing: every property is answered with one of its allowed values either way.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ def _function_of(tool: Any, loc: Loc, nested: bool) -> tuple[dict[str, Any], Loc
             "unsupported_tool",
         )
     if not nested:
+        if isinstance(tool.get("function"), dict) and "name" not in tool:
+            # Chat Completions' shape sent to the Responses API: say so, not "needs a name".
+            raise RequestValidationError.single(
+                loc,
+                "Responses API function tools are flat: {type: 'function', name, parameters}; this tool has "
+                "Chat Completions' shape {type: 'function', function: {name, parameters}}: move name and "
+                "parameters up out of function",
+                "invalid_tool_shape",
+            )
         return tool, loc
     function = tool.get("function")
     if not isinstance(function, dict):
@@ -97,6 +108,13 @@ def _forced_name(tool_choice: dict[str, Any], nested: bool) -> str:
     holder = tool_choice.get("function") if nested else tool_choice
     loc: Loc = ("tool_choice", "function", "name") if nested else ("tool_choice", "name")
     name = holder.get("name") if isinstance(holder, dict) else None
+    if not nested and name is None and isinstance(tool_choice.get("function"), dict):
+        raise RequestValidationError.single(
+            ("tool_choice",),
+            "the Responses API names the function flat: tool_choice {type: 'function', name}; this is Chat "
+            "Completions' {type: 'function', function: {name}}",
+            "invalid_tool_shape",
+        )
     if not isinstance(name, str) or not name:
         raise RequestValidationError.single(loc, "tool_choice must name the function to call", "missing")
     return name
@@ -110,9 +128,19 @@ def chosen_function_tool(
     ``nested``: Chat Completions' shape (``{"type": "function", "function": {name, parameters}}``) when
     true, the Responses API's flat one (``{"type": "function", name, parameters}``) when false.
     ``schema_given``: the request also has a json_schema format to answer.
-    Raises :class:`RequestValidationError` naming the field: a tool that is not a function, a forced name
-    that is not among the tools, several tools and no forced choice, a missing ``parameters``.
+    Raises :class:`RequestValidationError` naming the field: a tool that is not a function (or not in the
+    API's shape), a forced name that is not among the tools, several tools and no forced choice, a missing
+    ``parameters``, ``tool_choice: "none"`` with tools and no schema to answer instead.
     """
+    if tool_choice == "none" and tools and not schema_given:
+        fmt = "response_format" if nested else "text.format"
+        raise RequestValidationError.single(
+            ("tool_choice",),
+            f"tool_choice is 'none', so the tools cannot be called, and there is no json_schema {fmt} to "
+            f"answer instead: a decision is answered through one function tool or a json_schema {fmt}; "
+            f"send tool_choice 'required' (or name the tool) to have it called, or a json_schema {fmt}",
+            "unsupported_value",
+        )
     if tool_choice == "none" or not tools:
         if isinstance(tool_choice, dict) or tool_choice in ("required",):
             raise RequestValidationError.single(

@@ -1,24 +1,26 @@
 """``POST /v1/responses``: OpenAI's Responses API with a JSON schema or a function tool, as one Clef decision.
 
 The mapping lives in :mod:`clef_runtime.protocol.openai_responses`; this route runs it on the System One
-flow (auth, limits, batching, state cache, metrics) and renders every error in OpenAI's shape, as the chat
-completions route does.
+flow (auth, limits, batching, state cache, metrics), streams the reply when asked (as the chat completions
+route does, from the finished decision) and renders every error in OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.openai_responses import (
     ResponsesPlan,
     parse_responses_request,
     to_response,
+    to_response_events,
     to_systemone,
     translate_error_loc,
 )
@@ -40,16 +42,29 @@ __all__ = ["RESPONSES", "router"]
 
 router = APIRouter(route_class=shaped_errors_route(openai_error_response))
 
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "description": "the event's type, e.g. response.output_text.delta"},
+        "data": {"type": "string", "description": "the event as JSON (type, sequence_number, ...)"},
+    },
+    "required": ["event", "data"],
+}
+
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A Response object: output holds one message (its output_text = the JSON object of "
-        "the answers) or one function_call; x_decisions = the System One answers",
-        "content": {"application/json": {"schema": {"type": "object"}, "example": RESPONSES_REPLY_EXAMPLE}},
+        "the answers) or one function_call; x_decisions = the System One answers. With stream: true, the "
+        "Responses event stream as server-sent events, ending with response.completed",
+        "content": {
+            "application/json": {"schema": {"type": "object"}, "example": RESPONSES_REPLY_EXAMPLE},
+            # One schema per server-sent event, as OpenAPI tools read an event stream.
+            "text/event-stream": {"schema": _SSE_EVENT},
+        },
     },
     400: openai_error_doc(
         "Invalid request, undecidable schema property, no schema, several tools and none named, "
-        "stream: true, previous_response_id / conversation / prompt (nothing is stored), n > 1 (param "
-        "names the field)"
+        "previous_response_id / conversation / prompt (nothing is stored), n > 1 (param names the field)"
     ),
     **OPENAI_ERROR_RESPONSES,
 }
@@ -69,8 +84,24 @@ def _response(answer: dict[str, Any], plan: ResponsesPlan, reply: Reply) -> dict
     )
 
 
+def _stream_if_asked(response: JSONResponse, plan: ResponsesPlan) -> Response:
+    """With ``stream: true``: the Response object as the Responses event stream, each event an SSE
+    ``event: <type>`` with its JSON as ``data`` (no ``[DONE]``: OpenAI ends this stream with
+    ``response.completed``). The decision is finished before the first event, so errors stay JSON."""
+    if not plan.stream:
+        return response
+    events = to_response_events(json.loads(bytes(response.body)))
+    sse = "".join(
+        f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n" for event in events
+    )
+    headers = {
+        k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")
+    }
+    return Response(sse, media_type="text/event-stream", headers=headers)
+
+
 RESPONSES: WireMapping[ResponsesPlan] = WireMapping(
-    to_systemone=_to_systemone, from_systemone=_response, error=_responses_error
+    to_systemone=_to_systemone, from_systemone=_response, error=_responses_error, reply=_stream_if_asked
 )
 """``/v1/responses`` onto System One: the text format's or the chosen tool's decidable properties."""
 
@@ -85,5 +116,5 @@ RESPONSES: WireMapping[ResponsesPlan] = WireMapping(
     openapi_extra=responses_request_body(),
 )
 async def responses(request: Request) -> Response:
-    """Map the request onto System One, answer it, reply with a Response object."""
+    """Map the request onto System One, answer it, reply with a Response object (or its event stream)."""
     return await answer_decision(request, RESPONSES)
