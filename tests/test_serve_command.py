@@ -5,8 +5,10 @@ exit status 1, before any model loads."""
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +217,27 @@ def test_an_address_of_another_machine_is_named(capsys: pytest.CaptureFixture[st
     assert serve(settings, engine_factory=lambda s: NeverLoaded()) == 1
     err = capsys.readouterr().err
     assert err.startswith("clef serve: error: cannot listen on 192.0.2.1:8094: ") and "--host" in err
+
+
+@pytest.mark.parametrize("jobs", [True, False], ids=["jobs-on", "jobs-off"])
+def test_the_startup_log_names_the_jobs_and_classifiers_databases(
+    jobs: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import uvicorn
+
+    # Everything up to serving: the app opens its databases and the command logs, then no request is served.
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    sock = listen("127.0.0.1", 0)
+    settings = ServerSettings(model="fake", port=sock.getsockname()[1], jobs=jobs)
+    with caplog.at_level(logging.INFO):
+        serve(settings, engine_factory=lambda s: FakeClef(), sock=sock)
+    assert f"saved classifiers stored in {settings.classifiers_db_path}" in caplog.text
+    jobs_lines = [line for line in caplog.messages if "batch jobs" in line]
+    if jobs:
+        assert len(jobs_lines) == 1 and jobs_lines[0].endswith(f"stored in {settings.jobs_db_path}")
+    else:
+        assert jobs_lines == ["batch jobs are off (--jobs off)"]

@@ -143,6 +143,9 @@ def _serve_on(sock: socket.socket, settings: ServerSettings, engine_factory: Eng
     if settings.host not in _LOCAL_HOSTS and not settings.auth_enabled:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
     logger.info("settings: %s", settings.redacted())
+    if not settings.jobs:
+        # The app logs the jobs database it opened, or why it opened none; with --jobs off it is silent.
+        logger.info("batch jobs are off (--jobs off)")
     # uvicorn announces its address only for a socket it binds itself; this one was bound above.
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -35,9 +35,12 @@ def build_app(settings: ServerSettings, engine: FakeClef) -> FastAPI:
 
 
 def _own_jobs_db(factory: pytest.TempPathFactory, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` with a jobs database of this app's own unless one is given: a jobs database belongs to
-    one server at a time, and a test may run several servers at once."""
-    return {"jobs_db": str(factory.mktemp("jobs") / "jobs.sqlite3"), **overrides}
+    """``overrides`` with jobs and classifiers databases of this app's own unless given: a jobs database
+    belongs to one server at a time, a test may run several servers at once, and a test's classifiers must
+    not meet another's (the default classifiers database is shared by every server)."""
+    data = factory.mktemp("data")
+    own = {"jobs_db": str(data / "jobs.sqlite3"), "classifiers_db": str(data / "classifiers.sqlite3")}
+    return {**own, **overrides}
 
 
 @pytest.fixture

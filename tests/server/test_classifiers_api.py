@@ -4,7 +4,9 @@ field, the head check, auth, the rate limit, concurrent replaces and the publish
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +18,8 @@ from fastapi.testclient import TestClient
 
 from clef_runtime.jobs.store import JobStore
 from clef_runtime.server.app import create_app
-from clef_runtime.server.classifier_store import ClassifierStoreError
+from clef_runtime.server.classifier_store import ClassifierStore, ClassifierStoreError
+from clef_runtime.server.classifiers import open_store
 from clef_runtime.server.routes_classifiers import CLASSIFIER_EXAMPLES, DECIDE_EXAMPLES
 from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, build_app
@@ -115,11 +118,52 @@ def test_classifiers_survive_a_restart(app_on: Callable[..., Served]) -> None:
     assert decided.status_code == 200 and decided.json()["x_classifier"] == {"name": "triage", "version": 2}
 
 
-def test_the_default_database_is_beside_the_jobs_database(tmp_path: Path) -> None:
-    settings = ServerSettings(model="m", jobs_db=str(tmp_path / "data" / "jobs.sqlite3"))
-    assert settings.classifiers_db_path == tmp_path / "data" / "classifiers.sqlite3"
-    explicit = ServerSettings(model="m", classifiers_db=str(tmp_path / "mine.db"))
+def test_the_default_database_is_the_users_whatever_the_jobs_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    default = tmp_path / "data" / "clef-runtime" / "classifiers.sqlite3"
+    assert ServerSettings(model="m").classifiers_db_path == default
+    moved = ServerSettings(model="m", port=9000, jobs_db=str(tmp_path / "elsewhere" / "jobs.sqlite3"))
+    assert moved.classifiers_db_path == default
+    explicit = ServerSettings(
+        model="m", jobs_db=str(tmp_path / "j.db"), classifiers_db=str(tmp_path / "mine.db")
+    )
     assert explicit.classifiers_db_path == tmp_path / "mine.db"
+
+
+def test_classifiers_saved_with_one_jobs_database_are_listed_with_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    first = ServerSettings(model="fake", jobs_db=str(tmp_path / "first" / "jobs.sqlite3"))
+    with TestClient(build_app(first, FakeClef())) as client:
+        assert save(client).status_code == 201
+    # The restart moves --jobs-db (and the port): the classifiers stay where they were.
+    second = ServerSettings(model="fake", port=9000, jobs_db=str(tmp_path / "second" / "jobs.sqlite3"))
+    with TestClient(build_app(second, FakeClef())) as client:
+        listed = client.get("/v1/classifiers").json()["data"]
+    assert [(item["name"], item["version"]) for item in listed] == [("triage", 1)]
+
+
+def test_classifiers_left_beside_a_jobs_database_are_named_at_startup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a release that kept classifiers beside --jobs-db left there.
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    former = tmp_path / "mine" / "classifiers.sqlite3"
+    ClassifierStore(former).close()
+    settings = ServerSettings(model="fake", jobs_db=str(tmp_path / "mine" / "jobs.sqlite3"))
+    with caplog.at_level(logging.INFO, logger="clef_runtime.server"):
+        open_store(settings).close()
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert f"--classifiers-db {former}" in warning and str(settings.classifiers_db_path) in warning
+    assert f"saved classifiers stored in {settings.classifiers_db_path}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="clef_runtime.server"):
+        open_store(dataclasses.replace(settings, classifiers_db=str(former))).close()
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert f"saved classifiers stored in {former}" in caplog.text
 
 
 def test_concurrent_replaces_over_http_lose_no_version(app_on: Callable[..., Served]) -> None:
@@ -339,7 +383,11 @@ def test_a_put_waits_for_the_model_and_reads_do_not(tmp_path: Path) -> None:
         loaded.wait(30)
         return engine
 
-    settings = ServerSettings(model="fake", jobs_db=str(tmp_path / "jobs.sqlite3"))
+    settings = ServerSettings(
+        model="fake",
+        jobs_db=str(tmp_path / "jobs.sqlite3"),
+        classifiers_db=str(tmp_path / "classifiers.sqlite3"),
+    )
     app = create_app(settings, engine_factory=slow_load)
     with TestClient(app) as client:
         # A classifier records its head's digest, known once the model is loaded.
@@ -400,7 +448,7 @@ def test_a_damaged_database_stops_the_server_before_it_listens(tmp_path: Path) -
     damaged.write_bytes(b"not sqlite" * 100)
     jobs = tmp_path / "jobs.sqlite3"
     with pytest.raises(ClassifierStoreError, match="--classifiers-db"):
-        build_app(ServerSettings(model="fake", jobs_db=str(jobs)), FakeClef())
+        build_app(ServerSettings(model="fake", jobs_db=str(jobs), classifiers_db=str(damaged)), FakeClef())
     JobStore(jobs).close()  # the jobs database is not left locked by the failed start
 
 

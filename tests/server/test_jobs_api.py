@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -45,7 +46,7 @@ def jobs_app(serve_fake: Callable[..., Served], tmp_path: Path) -> Callable[...,
     return start
 
 
-def wait_done(client: TestClient, job_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+def wait_done(client: httpx.Client, job_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while True:
         job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()

@@ -1,15 +1,19 @@
 """A jobs database belongs to one server, and a job to the model it was submitted to: a second server on the
-same file refuses to start, and a server of another model leaves the job queued for its own model."""
+same ``--jobs-db`` file refuses to start, servers with the default options on different ports each get their
+own database, one whose default database another server holds serves without jobs, and a server of another
+model leaves the job queued for its own model."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -21,7 +25,7 @@ from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, build_app
 from tests.server.fake_engine import FakeClef
 from tests.server.test_jobs_api import jsonl, results, wait_done
-from tests.serving import REPO, free_port
+from tests.serving import REPO, ServerProcess, clef_serve_argv, free_port, start_server_process
 
 NOUL = {"type": "noul"}
 
@@ -54,6 +58,97 @@ def test_clef_serve_on_a_database_another_server_owns_exits_1_with_one_clear_lin
     assert "Traceback" not in done.stderr
     (line,) = [line for line in done.stderr.splitlines() if "in use by another" in line]
     assert str(db) in line and "--jobs-db PATH" in line and "--jobs off" in line, line
+
+
+def test_a_default_jobs_database_another_server_owns_turns_jobs_off_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    settings = ServerSettings(model="fake", port=9000)  # no --jobs-db: the default of port 9000
+    owner = JobStore(settings.jobs_db_path)  # as another server holds it
+    try:
+        with caplog.at_level(logging.INFO):
+            app = build_app(settings, FakeClef())
+        with TestClient(app) as client:
+            assert app.state.runtime.wait_until_loaded(10)
+            decided = client.post("/v1/systemone", json={"state": "s", "questions": {"q": NOUL}})
+            assert decided.status_code == 200
+            assert client.get("/v1/jobs").status_code == 404
+    finally:
+        owner.close()
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert warning.startswith("batch jobs are off: the default jobs database")
+    assert str(settings.jobs_db_path) in warning and "--jobs-db PATH" in warning
+
+
+def _data_env(data: Path) -> dict[str, str]:
+    """The environment of a `clef serve` process whose default databases are under ``data``, built from
+    this run's tiny-model cache."""
+    return {"XDG_DATA_HOME": str(data), "CLEF_CACHE_DIR": os.environ["CLEF_CACHE_DIR"], "CLEF_DTYPE": "fp32"}
+
+
+def _start_default_tiny(port: int, tmp_path: Path) -> ServerProcess:
+    """``clef serve --model tiny --port PORT`` and nothing else, its data directory in ``tmp_path``."""
+    return start_server_process(
+        clef_serve_argv("tiny", port),
+        port,
+        log_path=tmp_path / f"serve-{port}.log",
+        env=_data_env(tmp_path / "data"),
+        timeout=300,
+    )
+
+
+def _decide(client: httpx.Client) -> int:
+    return client.post("/v1/systemone", json={"state": "s", "questions": {"q": NOUL}}).status_code
+
+
+@pytest.mark.slow  # two fresh `clef serve` processes (torch, the tiny model)
+def test_two_clef_serve_with_default_options_on_one_machine_both_serve_decisions_and_jobs(
+    tmp_path: Path,
+) -> None:
+    first_port = free_port()
+    second_port = next(port for port in iter(free_port, None) if port != first_port)
+    servers = [_start_default_tiny(first_port, tmp_path)]
+    try:
+        servers.append(_start_default_tiny(second_port, tmp_path))
+        first, second = (httpx.Client(base_url=server.url, timeout=120) for server in servers)
+        with first, second:
+            assert _decide(first) == _decide(second) == 200
+            created = second.post("/v1/jobs", content=jsonl([{"state": "s", "questions": {"q": NOUL}}]))
+            assert created.status_code == 202, created.text
+            assert wait_done(second, created.json()["id"])["counts"]["done"] == 1
+            # One classifiers database for both: what one saves, the other lists.
+            saved = first.put("/v1/classifiers/triage", json={"questions": {"q": NOUL}})
+            assert saved.status_code == 201, saved.text
+            assert [item["name"] for item in second.get("/v1/classifiers").json()["data"]] == ["triage"]
+    finally:
+        statuses = [server.stop() for server in servers]
+    assert statuses == [0, 0], [server.log()[-2000:] for server in servers]
+    data = tmp_path / "data" / "clef-runtime"
+    for port, server in zip((first_port, second_port), servers, strict=True):
+        log = server.log()
+        assert f"stored in {data / f'jobs-{port}.sqlite3'}" in log, log
+        assert f"saved classifiers stored in {data / 'classifiers.sqlite3'}" in log, log
+        assert "batch jobs are off" not in log, log
+
+
+@pytest.mark.slow  # a fresh `clef serve` process (torch, the tiny model)
+def test_clef_serve_whose_default_jobs_database_is_held_serves_without_jobs(tmp_path: Path) -> None:
+    port = free_port()
+    held = tmp_path / "data" / "clef-runtime" / f"jobs-{port}.sqlite3"
+    owner = JobStore(held)  # as a server started with --jobs-db on this file holds it
+    try:
+        server = _start_default_tiny(port, tmp_path)
+        try:
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                assert _decide(client) == 200
+                assert client.get("/v1/jobs").status_code == 404
+        finally:
+            assert server.stop() == 0, server.log()
+    finally:
+        owner.close()
+    (line,) = [line for line in server.log().splitlines() if "batch jobs are off" in line]
+    assert "WARNING" in line and str(held) in line and "--jobs-db PATH" in line, line
 
 
 def _line(i: int) -> JobLine:

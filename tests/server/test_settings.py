@@ -5,6 +5,7 @@ values are named. (Every ``clef serve`` flag, the scale-out ones included, is sa
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,18 @@ def test_a_flag_beats_its_variable() -> None:
         False,
     )
     assert parse([], environ).port == 1234
+
+
+def test_the_default_jobs_database_is_one_per_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    data = tmp_path / "clef-runtime"
+    # The default port keeps the file it always had (its queued jobs with it); --port 0 changes every start.
+    assert parse(["--model", "m"]).jobs_db_path == data / "jobs.sqlite3"
+    assert parse(["--model", "m", "--port", "0"]).jobs_db_path == data / "jobs.sqlite3"
+    assert parse(["--model", "m", "--port", "9000"]).jobs_db_path == data / "jobs-9000.sqlite3"
+    assert parse(["--model", "m"], {"CLEF_PORT": "9001"}).jobs_db_path == data / "jobs-9001.sqlite3"
+    explicit = parse(["--model", "m", "--port", "9000", "--jobs-db", str(tmp_path / "mine.db")])
+    assert explicit.jobs_db_path == tmp_path / "mine.db"
 
 
 def test_input_limit_is_the_smaller_of_max_length_and_max_input_tokens() -> None:

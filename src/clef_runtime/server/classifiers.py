@@ -255,6 +255,16 @@ def unavailable_error(exc: ClassifierStoreUnavailable) -> ApiError:
 def open_store(settings: ServerSettings) -> ClassifierStore:
     """Open the classifiers database of ``settings`` (raises `ClassifierStoreError` for a damaged or foreign
     file: the server must not start on it)."""
+    former = settings.former_classifiers_db_path
+    if former is not None and former.exists():
+        # Classifiers saved before the shared default are still there: say where, never hide them silently.
+        logger.warning(
+            "saved classifiers found beside --jobs-db at %s are no longer read by default (the default is "
+            "now %s): pass --classifiers-db %s to keep using them",
+            former,
+            settings.classifiers_db_path,
+            former,
+        )
     store = ClassifierStore(settings.classifiers_db_path)
     logger.info("saved classifiers stored in %s", store.path)
     return store

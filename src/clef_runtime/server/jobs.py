@@ -1,9 +1,10 @@
 """The server side of batch jobs: the store, the runner bound to this server's engine and its loop, and the
 validation of a submitted JSONL body.
 
-`JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file, or one
-another server owns, stops the server with a clear message; a file it cannot write does not: the job routes
-answer 503 and the decision routes go on); the runner starts once the model is ready and
+`JobsService.open(settings, runtime)` opens the SQLite store at startup (a damaged or foreign file, or a
+``--jobs-db`` another server owns, stops the server with a clear message; a default database another server
+owns turns jobs off with a warning; a file it cannot write does not stop anything: the job routes answer 503
+and the decision routes go on); the runner starts once the model is ready and
 resumes the unfinished jobs of this server's model (`job_model`): a job is only ever answered by the model
 it was submitted to.
 """
@@ -18,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_runtime.jobs.runner import JobRunner, error_object
-from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore, JobStoreUnavailable
+from clef_runtime.jobs.store import (
+    JobLine,
+    JobModel,
+    JobRecord,
+    JobStore,
+    JobStoreLocked,
+    JobStoreUnavailable,
+)
 from clef_runtime.model.resolve import model_identity
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.images import extract_images
@@ -153,12 +161,25 @@ class JobsService:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, settings: ServerSettings, runtime: ServerRuntime) -> JobsService:
-        """Open the store at ``settings.jobs_db_path`` and own it while the server runs. Raises JobStoreError
-        for a damaged or foreign file, JobStoreLocked when another server has it open. A file that cannot be
-        written (read-only, busy) opens all the same: the job routes answer 503 when they write."""
+    def open(cls, settings: ServerSettings, runtime: ServerRuntime) -> JobsService | None:
+        """Open the store at ``settings.jobs_db_path`` and own it while the server runs. Returns None (jobs
+        off, one warning says why) when another server owns the default database. Raises JobStoreError for a
+        damaged or foreign file, JobStoreLocked when another server owns the ``--jobs-db`` file. A file that
+        cannot be written (read-only, busy) opens all the same: the job routes answer 503 when they write."""
         model = job_model(settings.model)
-        store = JobStore(settings.jobs_db_path)
+        try:
+            store = JobStore(settings.jobs_db_path)
+        except JobStoreLocked as exc:
+            if settings.jobs_db:
+                raise  # the user named this file: serving without it would not be what they asked for
+            # A default nobody chose (two servers on --port 0, say): decisions need no jobs database.
+            logger.warning(
+                "batch jobs are off: the default jobs database %s is in use by another clef-runtime server "
+                "(%s); give this server its own with --jobs-db PATH",
+                exc.path,
+                f"pid {exc.pid}" if exc.pid is not None else "pid unknown",
+            )
+            return None
         try:
             try:
                 claimed = store.claim_unbound(model)

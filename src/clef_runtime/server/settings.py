@@ -34,10 +34,12 @@ from clef_runtime.options import (
 from clef_runtime.server.auth import parse_key
 
 __all__ = [
+    "DEFAULT_PORT",
     "OPTIONS",
     "Option",
     "ServerSettings",
     "SettingsError",
+    "data_dir",
     "parse_bool",
     "parse_size",
     "server_settings",
@@ -51,6 +53,16 @@ SettingsError = OptionsError
 """An option has an invalid value; the message names the flag and its environment variable."""
 
 
+DEFAULT_PORT = 8094
+
+
+def data_dir() -> Path:
+    """The user data directory of clef-runtime's databases: ``$XDG_DATA_HOME/clef-runtime``
+    (``~/.local/share/clef-runtime`` without the variable)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "clef-runtime"
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything ``clef serve`` can be told. Immutable; build a new one to change it."""
@@ -58,7 +70,7 @@ class ServerSettings:
     model: str
     """``tiny``, a local release directory, or a Hugging Face repo id with an optional ``@revision``."""
     host: str = "127.0.0.1"
-    port: int = 8094
+    port: int = DEFAULT_PORT
     api_keys: tuple[str, ...] = ()
     """Accepted keys (``NAME:KEY`` names one; see `clef_runtime.server.auth`); empty means auth is off."""
     rate_limit: float | None = None
@@ -86,7 +98,7 @@ class ServerSettings:
     jobs: bool = True
     """Serve the batch-job routes (/v1/jobs)."""
     jobs_db: str | None = None
-    """The jobs database (SQLite); None: ``jobs.sqlite3`` in the user data directory."""
+    """The jobs database (SQLite); None: one per port in the user data directory (`jobs_db_path`)."""
     jobs_max_lines: int = 100_000
     """Lines per job."""
     jobs_max_bytes: int = 256 * MiB
@@ -103,7 +115,8 @@ class ServerSettings:
     """Refuse (404) a request whose ``model`` names no served head, instead of answering it with the default
     head (what SDKs sending ``jev-latest`` or an OpenAI model name need)."""
     classifiers_db: str | None = None
-    """The saved classifiers' database (SQLite); None: ``classifiers.sqlite3`` beside the jobs database."""
+    """The saved classifiers' database (SQLite); None: ``classifiers.sqlite3`` in the user data directory,
+    whatever ``jobs_db`` says."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -171,20 +184,32 @@ class ServerSettings:
 
     @property
     def jobs_db_path(self) -> Path:
-        """Where the jobs database lives: ``--jobs-db``, else ``$XDG_DATA_HOME/clef-runtime/jobs.sqlite3``
-        (``~/.local/share/...`` without the variable)."""
+        """Where the jobs database lives: ``--jobs-db``, else in `data_dir`: ``jobs.sqlite3`` for the default
+        port (and for ``--port 0``, whose port changes every start), ``jobs-<port>.sqlite3`` for any other,
+        so servers on different ports each own a database of their own with the default options."""
         if self.jobs_db:
             return Path(self.jobs_db).expanduser()
-        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-        return Path(base) / "clef-runtime" / "jobs.sqlite3"
+        own_port = self.port not in (DEFAULT_PORT, 0)
+        return data_dir() / (f"jobs-{self.port}.sqlite3" if own_port else "jobs.sqlite3")
 
     @property
     def classifiers_db_path(self) -> Path:
-        """Where the saved classifiers live: ``--classifiers-db``, else ``classifiers.sqlite3`` in the jobs
-        database's directory (one data directory per server, whether or not jobs are on)."""
+        """Where the saved classifiers live: ``--classifiers-db``, else ``classifiers.sqlite3`` in `data_dir`,
+        one file every server of this user shares (classifiers are definitions, not work: the store takes no
+        lock), wherever its jobs database is."""
         if self.classifiers_db:
             return Path(self.classifiers_db).expanduser()
-        return self.jobs_db_path.with_name("classifiers.sqlite3")
+        return data_dir() / "classifiers.sqlite3"
+
+    @property
+    def former_classifiers_db_path(self) -> Path | None:
+        """Where releases before the shared default kept this server's saved classifiers, when that is
+        not `classifiers_db_path`: ``classifiers.sqlite3`` beside an explicit ``--jobs-db`` (None with
+        ``--classifiers-db`` or without ``--jobs-db``)."""
+        if self.classifiers_db or not self.jobs_db:
+            return None
+        former = self.jobs_db_path.with_name("classifiers.sqlite3")
+        return None if former.resolve() == self.classifiers_db_path.resolve() else former
 
     @property
     def queue_timeout_s(self) -> float | None:
@@ -321,7 +346,9 @@ OPTIONS: tuple[Option, ...] = (
         "--jobs-db",
         "CLEF_JOBS_DB",
         str,
-        "the jobs database file (SQLite; default jobs.sqlite3 in $XDG_DATA_HOME/clef-runtime)",
+        "the jobs database file (SQLite), owned by one server: default jobs.sqlite3 in "
+        "$XDG_DATA_HOME/clef-runtime for --port 8094, jobs-PORT.sqlite3 there for another port (a default "
+        "one another server holds turns jobs off with a warning)",
         "PATH",
     ),
     Option(
@@ -362,7 +389,8 @@ OPTIONS: tuple[Option, ...] = (
         "--classifiers-db",
         "CLEF_CLASSIFIERS_DB",
         str,
-        "the saved classifiers' database file (SQLite; default classifiers.sqlite3 beside the jobs database)",
+        "the saved classifiers' database file (SQLite; default classifiers.sqlite3 in "
+        "$XDG_DATA_HOME/clef-runtime, whatever --jobs-db is; servers may share one)",
         "PATH",
     ),
     Option(
