@@ -25,6 +25,7 @@ from clef_runtime.engine.clef import Clef
 from clef_runtime.options import ENGINE_OPTIONS
 from clef_runtime.server.mcp_tool import DECIDE_TOOL
 from tests.helpers import run_cli, run_cli_process
+from tests.server.test_classifiers_mcp import named_tools_match
 from tests.test_options import subcommand_flags
 
 REQUEST: dict[str, Any] = {
@@ -188,10 +189,12 @@ def test_the_readmes_desktop_agent_config_launches_clef_mcp() -> None:
     assert args.command == "mcp"
 
 
-async def _session_of_calls(errlog: io.TextIOBase) -> tuple[list[mcp_types.Tool], list[Any], list[Any]]:
+async def _session_of_calls(
+    errlog: io.TextIOBase,
+) -> tuple[str, list[mcp_types.Tool], list[Any], list[Any]]:
     """Spawn ``clef mcp --model tiny`` through the client's stdio transport; list the tools and call
-    ``decide`` with a good and a bad request. Returns (tools, results, anything on stdout that was not a
-    protocol message)."""
+    ``decide`` with a good and a bad request. Returns (the initialize result's instructions, tools, results,
+    anything on stdout that was not a protocol message)."""
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "clef_runtime.cli", "mcp", "--model", "tiny"],
@@ -208,18 +211,19 @@ async def _session_of_calls(errlog: io.TextIOBase) -> tuple[list[mcp_types.Tool]
         stdio_client(params, errlog=errlog) as (read, write),
         ClientSession(read, write, message_handler=on_message) as session,
     ):
-        await session.initialize()
+        initialized = await session.initialize()
         tools = (await session.list_tools()).tools
         results = [await session.call_tool("decide", REQUEST), await session.call_tool("decide", BAD_REQUEST)]
-    return tools, results, stray
+    return initialized.instructions or "", tools, results, stray
 
 
 @pytest.mark.slow  # a new interpreter loads the tiny model
 def test_clef_mcp_serves_decide_on_stdio_with_the_engines_answers(tiny: Clef, tmp_path: Path) -> None:
     log_path = tmp_path / "stderr.log"
     with log_path.open("w+", encoding="utf-8") as errlog:
-        tools, (good, bad), stray = asyncio.run(_session_of_calls(errlog))
+        instructions, tools, (good, bad), stray = asyncio.run(_session_of_calls(errlog))
     assert tools == [DECIDE_TOOL]  # the definition POST /mcp lists
+    assert named_tools_match(instructions, tools)  # no classifier tools over stdio
 
     assert not good.is_error
     # A fresh engine on the same weights and options: its state cache starts empty, as the server's did.
