@@ -24,7 +24,8 @@ from mcp.client.stdio import stdio_client
 from clef_runtime.engine.clef import Clef
 from clef_runtime.options import ENGINE_OPTIONS
 from clef_runtime.server.mcp_tool import DECIDE_TOOL
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_cli_process
+from tests.server.test_classifiers_mcp import named_tools_match
 from tests.test_options import subcommand_flags
 
 REQUEST: dict[str, Any] = {
@@ -79,6 +80,103 @@ def test_a_bad_engine_option_is_a_usage_error_before_serving(monkeypatch: pytest
     assert "--weights" in done.stderr
 
 
+INITIALIZE_LINE = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+)
+
+
+def _bad_option(case: str, tmp_path: Path) -> tuple[list[str], str]:
+    """The flags of one option that passes parsing but that the model load would refuse, and the text its
+    error names."""
+    if case == "head":
+        return ["--head", f"billing={tmp_path / 'no-such-head'}"], "--head billing="
+    if case == "calibration":
+        broken = tmp_path / "calibration.json"
+        broken.write_text("{not json", encoding="utf-8")
+        return ["--calibration", str(broken)], f"--calibration {broken}"
+    return ["--image-max-tokens", "50"], "--image-max-tokens"
+
+
+@pytest.mark.parametrize("case", ["head", "calibration", "image_max_tokens"])
+def test_an_option_the_load_would_refuse_is_a_usage_error_before_serving(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
+) -> None:
+    import clef_runtime.model.kernels as kernels
+    from clef_runtime.server import mcp_stdio
+
+    monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: 2)
+    monkeypatch.setattr(mcp_stdio, "serve_stdio", lambda load: pytest.fail("served despite a bad option"))
+    flags, named = _bad_option(case, tmp_path)
+    done = run_cli("mcp", "--model", "tiny", *flags)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith("clef mcp: error: ") and named in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.slow  # a new interpreter
+def test_a_missing_head_directory_is_refused_before_the_handshake(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    done = run_cli_process(
+        "mcp", "--model", "tiny", "--head", f"billing={missing}", stdin=INITIALIZE_LINE + "\n"
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""  # the agent's initialize got no answer: the server never started
+    assert done.stderr == f"clef mcp: error: --head billing={missing}: not a directory\n"
+
+
+@pytest.mark.slow  # a new interpreter
+def test_a_line_that_is_not_a_json_rpc_message_gets_an_error_and_the_next_line_is_served() -> None:
+    lines = [
+        INITIALIZE_LINE,
+        "not json",
+        "[1, 2]",
+        json.dumps({"jsonrpc": "2.0", "id": 2}),
+        json.dumps({"jsonrpc": "1.0", "id": 3, "method": "tools/list"}),
+        json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": [1]}),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+    ]
+    with subprocess.Popen(
+        [sys.executable, "-m", "clef_runtime.cli", "mcp", "--model", "tiny"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as process:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write("".join(line + "\n" for line in lines))
+        process.stdin.flush()
+        replies = []
+        # Each malformed line is answered before the next line is read, so all come before tools/list's.
+        while not replies or replies[-1].get("id") != 5:
+            line = process.stdout.readline()
+            assert line, f"stdout closed after {replies}"
+            replies.append(json.loads(line))
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    initialized, not_json, *errors, listed = replies
+    assert initialized["id"] == 1 and "result" in initialized
+    assert not_json["id"] is None and not_json["error"]["code"] == -32700
+    assert not_json["error"]["message"].startswith("parse error: ")  # then the JSON parser's reason
+    assert [(error["id"], error["error"]["code"], error["error"]["message"]) for error in errors] == [
+        (None, -32600, "invalid request: a JSON-RPC message is a JSON object"),
+        (None, -32600, "invalid request: method: Field required"),
+        (None, -32600, "invalid request: jsonrpc: Input should be '2.0'"),
+        (None, -32602, "invalid params: params: Input should be an object"),
+    ]
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["decide"]
+
+
 def test_the_readmes_desktop_agent_config_launches_clef_mcp() -> None:
     from clef_runtime.cli import build_parser
 
@@ -91,10 +189,12 @@ def test_the_readmes_desktop_agent_config_launches_clef_mcp() -> None:
     assert args.command == "mcp"
 
 
-async def _session_of_calls(errlog: io.TextIOBase) -> tuple[list[mcp_types.Tool], list[Any], list[Any]]:
+async def _session_of_calls(
+    errlog: io.TextIOBase,
+) -> tuple[str, list[mcp_types.Tool], list[Any], list[Any]]:
     """Spawn ``clef mcp --model tiny`` through the client's stdio transport; list the tools and call
-    ``decide`` with a good and a bad request. Returns (tools, results, anything on stdout that was not a
-    protocol message)."""
+    ``decide`` with a good and a bad request. Returns (the initialize result's instructions, tools, results,
+    anything on stdout that was not a protocol message)."""
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "clef_runtime.cli", "mcp", "--model", "tiny"],
@@ -111,18 +211,19 @@ async def _session_of_calls(errlog: io.TextIOBase) -> tuple[list[mcp_types.Tool]
         stdio_client(params, errlog=errlog) as (read, write),
         ClientSession(read, write, message_handler=on_message) as session,
     ):
-        await session.initialize()
+        initialized = await session.initialize()
         tools = (await session.list_tools()).tools
         results = [await session.call_tool("decide", REQUEST), await session.call_tool("decide", BAD_REQUEST)]
-    return tools, results, stray
+    return initialized.instructions or "", tools, results, stray
 
 
 @pytest.mark.slow  # a new interpreter loads the tiny model
 def test_clef_mcp_serves_decide_on_stdio_with_the_engines_answers(tiny: Clef, tmp_path: Path) -> None:
     log_path = tmp_path / "stderr.log"
     with log_path.open("w+", encoding="utf-8") as errlog:
-        tools, (good, bad), stray = asyncio.run(_session_of_calls(errlog))
+        instructions, tools, (good, bad), stray = asyncio.run(_session_of_calls(errlog))
     assert tools == [DECIDE_TOOL]  # the definition POST /mcp lists
+    assert named_tools_match(instructions, tools)  # no classifier tools over stdio
 
     assert not good.is_error
     # A fresh engine on the same weights and options: its state cache starts empty, as the server's did.

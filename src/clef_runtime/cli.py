@@ -282,11 +282,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _check_before_serving(options: EngineOptions) -> None:
+    """What `Clef.load` checks before the slow part, done here: ``clef mcp`` loads the model only after the
+    agent's handshake, where a bad option would end the server mid-session instead of as a usage error.
+    Raises `OptionsError` naming the flag."""
+    from clef_runtime.engine.calibration import Calibration
+    from clef_runtime.engine.heads import check_head_specs
+    from clef_runtime.engine.images import ImageSettings
+    from clef_runtime.options import parse_head_specs
+
+    try:
+        ImageSettings(mode=options.image_mode, max_tokens=options.image_max_tokens)
+    except ValueError as exc:
+        raise OptionsError(f"--image-max-tokens: {exc}") from None
+    if options.calibration:
+        Calibration.load(options.calibration)  # a CalibrationError names the file and the field
+    check_head_specs(parse_head_specs(options.head))
+
+
 def _cmd_mcp(args: argparse.Namespace) -> int:
     from clef_runtime.server.mcp_stdio import serve_stdio
 
-    # A bad option is a usage error now (exit 2), not a failed load once the agent is connected.
-    EngineOptions.from_sources(args, os.environ)
+    # A bad option is a usage error now (exit 2, nothing on stdout), not a failed load once the agent is
+    # connected.
+    _check_before_serving(EngineOptions.from_sources(args, os.environ))
     return serve_stdio(lambda: _load_clef(args))
 
 

@@ -22,7 +22,7 @@ from clef_runtime.server.mcp_classifiers import TOOL_PREFIX, classifier_tool
 from clef_runtime.server.mcp_tool import DECIDE_TOOL
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeClef
-from tests.server.test_mcp import ERAS, connected, without_latency
+from tests.server.test_mcp import ERAS, INITIALIZE, JSON_ACCEPT, connected, without_latency
 
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Is a refund requested?"},
@@ -65,6 +65,37 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[Any]:
     for exc in group.exceptions:
         leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
     return leaves
+
+
+def named_tools_match(instructions: str, tools: list[mcp_types.Tool]) -> bool:
+    """Whether the tools the instructions name in backquotes (``decide``, or a pattern such as
+    ``classify_<name>``) are those listed: each listed tool is named or fits a pattern, and each tool named
+    by its full name is listed."""
+    named = re.findall(r"`([a-z_]+(?:<name>)?)`", instructions)
+    patterns = [re.compile(re.escape(name).replace("<name>", ".+")) for name in named]
+    listed = {tool.name for tool in tools}
+    return (
+        all(any(p.fullmatch(name) for p in patterns) for name in listed)
+        and {name for name in named if "<" not in name} <= listed
+    )
+
+
+def test_the_initialize_instructions_name_the_tools_that_tools_list_shows(
+    live_fake: Callable[..., LiveServer],
+) -> None:
+    served = live_fake(FakeClef())
+
+    def instructions() -> str:
+        response = httpx.post(served.url + "/mcp", json=INITIALIZE, headers=JSON_ACCEPT, timeout=30)
+        assert response.status_code == 200, response.text
+        text: str = response.json()["result"]["instructions"]
+        return text
+
+    assert named_tools_match(instructions(), tools_of(served.url, "handshake"))  # decide alone
+    save(served.url, "abuse")
+    tools = tools_of(served.url, "handshake")
+    assert [tool.name for tool in tools] == ["decide", TOOL_PREFIX + "abuse"]
+    assert named_tools_match(instructions(), tools)
 
 
 @pytest.mark.parametrize("era", ERAS)

@@ -232,3 +232,55 @@ def test_a_cross_origin_browser_call_is_refused_and_a_same_origin_one_is_not(
         served.url + "/mcp", json=INITIALIZE, headers={**JSON_ACCEPT, "origin": f"http://{host}"}
     )
     assert own.status_code == 200 and own.json()["result"]["serverInfo"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({"jsonrpc": "2.0", "id": 1}, -32600, "invalid request: method: Field required"),
+        ({**INITIALIZE, "jsonrpc": "1.0"}, -32600, "invalid request: jsonrpc: Input should be '2.0'"),
+        ({**INITIALIZE, "method": 5}, -32600, "invalid request: method: Input should be a valid string"),
+        ({**INITIALIZE, "params": [1]}, -32602, "invalid params: params: Input should be an object"),
+        (
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": "decide"},
+            -32602,
+            "invalid params: params: Input should be an object",
+        ),
+        ([INITIALIZE], -32600, "invalid request: a JSON-RPC message is a JSON object"),
+    ],
+)
+def test_a_body_that_is_not_a_json_rpc_message_gets_a_short_error_naming_the_field(
+    live_fake: Callable[..., LiveServer], body: Any, code: int, message: str
+) -> None:
+    served = live_fake(FakeClef())
+    response = httpx.post(served.url + "/mcp", json=body, headers=JSON_ACCEPT, timeout=30)
+    assert response.status_code == 400
+    assert response.json() == {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+
+
+def test_a_body_that_is_not_json_gets_a_parse_error(live_fake: Callable[..., LiveServer]) -> None:
+    served = live_fake(FakeClef())
+    sent = {**JSON_ACCEPT, "content-type": "application/json"}
+    response = httpx.post(served.url + "/mcp", content=b"{nope", headers=sent, timeout=30)
+    assert response.status_code == 400
+    reply = response.json()
+    assert reply["id"] is None and reply["error"]["code"] == -32700
+    assert reply["error"]["message"].startswith("parse error: ") and "\n" not in reply["error"]["message"]
+
+
+def test_a_body_over_the_limit_gets_a_json_rpc_error(live_fake: Callable[..., LiveServer]) -> None:
+    served = live_fake(FakeClef(), max_body_bytes=1024)
+    body = {
+        **INITIALIZE,
+        "params": {**INITIALIZE["params"], "clientInfo": {"name": "x" * 2000, "version": "1"}},
+    }
+    response = httpx.post(served.url + "/mcp", json=body, headers=JSON_ACCEPT, timeout=30)
+    assert response.status_code == 413
+    assert response.headers["content-type"] == "application/json"
+    reply = response.json()
+    assert reply["id"] is None and reply["error"]["code"] == -32600
+    assert "over the limit of 1024 bytes (--max-body-bytes)" in reply["error"]["message"]
+    # Under the limit, the same server answers.
+    assert (
+        httpx.post(served.url + "/mcp", json=INITIALIZE, headers=JSON_ACCEPT, timeout=30).status_code == 200
+    )

@@ -165,6 +165,12 @@ def _store_and_owner(request: Request) -> tuple[ClassifierStore, str]:
 class ClassifierTools:
     """The `clef_runtime.server.mcp_tool.ToolSource` of ``POST /mcp``: the caller's classifiers."""
 
+    instructions = (
+        f"Each classifier saved under your API key is a tool too, `{TOOL_PREFIX}<name>`, which asks its "
+        "saved questions about the state you send; tools/list shows yours (none until one is saved with "
+        "PUT /v1/classifiers/{name})."
+    )
+
     def __init__(self, answer: AnswerInTheFlow) -> None:
         self._answer = answer
 

@@ -21,18 +21,22 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from clef_runtime.protocol.errors import ClefError
-from clef_runtime.server.errors import ApiError
+from clef_runtime.server.bodies import read_body
+from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.flow import SYSTEMONE, WireMapping, answer_decision
 from clef_runtime.server.handling import authenticate, note
 from clef_runtime.server.mcp_classifiers import ClassifierTools
-from clef_runtime.server.mcp_tool import mcp_server
+from clef_runtime.server.mcp_tool import malformed_message_error, mcp_server
 from clef_runtime.server.settings import ServerSettings
 
 __all__ = ["MCP_PATH", "McpEndpoint"]
@@ -97,6 +101,45 @@ async def _decide_in_the_flow(
     return await _answer_in_the_flow(SYSTEMONE, arguments, ctx)
 
 
+def _json_rpc_error(status: int, error: types.ErrorData) -> JSONResponse:
+    """An HTTP error whose body is a JSON-RPC error (id null: the message's id was not read), as MCP clients
+    expect from ``POST /mcp`` rather than the other routes' ``{"detail": ...}``."""
+    reply = {"jsonrpc": "2.0", "id": None, "error": error.model_dump(mode="json", exclude_none=True)}
+    return JSONResponse(reply, status_code=status)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the SDK's transport after the body was read here: the body first, then what the
+    client sends next (its disconnect)."""
+    pending = [body]
+
+    async def replay() -> Message:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _checked_body(request: Request, limit: int) -> bytes | JSONResponse:
+    """The body when it is one JSON-RPC message of at most ``limit`` bytes, else the JSON-RPC error to answer:
+    413 for a body too large, 400 for one that is not JSON (-32700) or not a JSON-RPC message (-32600, or
+    -32602 for ``params``), in a short message naming the field (`malformed_message_error`). The SDK's
+    transport answers the same bodies with a plain-text 413 and pydantic's report on every message kind."""
+    try:
+        body = await read_body(request, limit)
+    except ApiError as exc:  # over the limit, or a malformed Content-Length
+        note(request, error_type=exc.error_type)
+        return _json_rpc_error(exc.status, types.ErrorData(code=types.INVALID_REQUEST, message=exc.message))
+    try:
+        types.jsonrpc_message_adapter.validate_json(body, by_name=False)
+    except ValidationError as exc:
+        error = malformed_message_error(exc)
+        note(request, error_type="invalid_request_error")
+        return _json_rpc_error(400, error)
+    return body
+
+
 class McpEndpoint:
     """The ASGI endpoint of ``POST /mcp``: authentication, then the SDK's stateless Streamable HTTP
     transport in JSON-response mode. `running` must be entered for the app's lifespan (the transport runs
@@ -147,4 +190,11 @@ class McpEndpoint:
             )
             await error.response()(scope, receive, send)
             return
-        await manager.handle_request(scope, receive, send)
+        try:
+            checked = await _checked_body(request, self._max_body_bytes)
+        except ClientGone:
+            return  # nobody to answer
+        if isinstance(checked, JSONResponse):
+            await checked(scope, receive, send)
+            return
+        await manager.handle_request(scope, _replaying(checked, receive), send)

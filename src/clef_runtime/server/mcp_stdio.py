@@ -23,17 +23,20 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
+import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from clef_runtime.logs import configure_logging
 from clef_runtime.server.errors import ApiError
-from clef_runtime.server.mcp_tool import mcp_server
+from clef_runtime.server.mcp_tool import malformed_message_error, mcp_server
 
 if TYPE_CHECKING:
     from clef_runtime.engine.clef import Clef
@@ -46,6 +49,12 @@ T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+
+
+class _MessageSender(Protocol):
+    """The transport's write stream, as far as it is used here."""
+
+    async def send(self, item: SessionMessage, /) -> None: ...
 
 
 class _EngineThread:
@@ -91,6 +100,25 @@ def _exit_for_a_failed_load() -> None:
     os._exit(EXIT_FAILURE)
 
 
+async def _answer_malformed_lines(
+    incoming: AsyncIterable[SessionMessage | Exception],
+    outgoing: _MessageSender,
+    messages: anyio.abc.ObjectSendStream[SessionMessage | Exception],
+) -> None:
+    """Pass the transport's messages on to ``messages``, and answer each line that is not a JSON-RPC message
+    (the SDK hands its validation error instead, and its server drops it in silence) with a JSON-RPC error,
+    id null (`malformed_message_error`), so the client learns what was wrong; the next line is served."""
+    async with messages:
+        async for item in incoming:
+            if isinstance(item, ValidationError):
+                error = malformed_message_error(item)
+                logger.warning("refused a stdin line that is not a JSON-RPC message: %s", error.message)
+                reply = types.JSONRPCError(jsonrpc="2.0", id=None, error=error)
+                await outgoing.send(SessionMessage(reply))
+            else:
+                await messages.send(item)
+
+
 async def _serve(load: Callable[[], Clef | None]) -> None:
     engine_thread = _EngineThread()
     loading = engine_thread.submit(lambda: _load_here(load))
@@ -119,7 +147,9 @@ async def _serve(load: Callable[[], Clef | None]) -> None:
             logger.info("model ready; serving the decide tool on stdio")
 
         tasks.start_soon(exit_unless_loaded)
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        messages_in, messages = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        tasks.start_soon(_answer_malformed_lines, read_stream, write_stream, messages_in)
+        await server.run(messages, write_stream, server.create_initialization_options())
         # stdin closed: the client is done (a load still running ends with the process: a daemon thread).
         tasks.cancel_scope.cancel()
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from clef_runtime.protocol.errors import ClefError, ErrorItem, RequestValidationError, format_loc
 from clef_runtime.protocol.images import add_image_fields
@@ -39,7 +40,15 @@ from clef_runtime.protocol.systemone import (
 from clef_runtime.server.errors import ApiError
 from clef_runtime.version import __version__
 
-__all__ = ["DECIDE_TOOL", "SERVER_NAME", "TOOL_NAME", "Decide", "ToolSource", "mcp_server"]
+__all__ = [
+    "DECIDE_TOOL",
+    "SERVER_NAME",
+    "TOOL_NAME",
+    "Decide",
+    "ToolSource",
+    "malformed_message_error",
+    "mcp_server",
+]
 
 logger = logging.getLogger("clef_runtime.server")
 
@@ -55,6 +64,10 @@ error); anything else is an internal error."""
 class ToolSource(Protocol):
     """Tools a transport offers besides ``decide``, which may differ from caller to caller (over HTTP: the
     caller's saved classifiers, `clef_runtime.server.mcp_classifiers`)."""
+
+    instructions: str
+    """What the ``initialize`` result's instructions say of these tools, after ``decide``: the same for
+    every caller (the handshake lists no tools), so it names their pattern and says how to get them."""
 
     async def list_tools(self, ctx: ServerRequestContext[Any, Any]) -> list[types.Tool]:
         """The calling client's tools, in the order ``tools/list`` shows them."""
@@ -90,9 +103,19 @@ and as JSON text. Probabilities are rounded to 4 decimals. An invalid request is
 field (e.g. `invalid request: questions.q.criteria: ...`); fix that field and call again."""
 
 _INSTRUCTIONS = (
-    "This server runs a Clef decision model. Its one tool, `decide`, answers yes/no, choice and score "
-    "questions about a state with probabilities; it never writes text."
+    "This server runs a Clef decision model: it answers yes/no, choice and score questions about a state "
+    "with probabilities, and never writes text."
 )
+_DECIDE_ONLY = "Its one tool, `decide`, answers the questions you send with the state."
+_DECIDE_FIRST = "Its tools: `decide`, which answers the questions you send with the state."
+
+
+def _instructions(more: ToolSource | None) -> str:
+    """The ``initialize`` result's instructions: what the server does and the tools ``tools/list`` shows."""
+    if more is None:
+        return f"{_INSTRUCTIONS} {_DECIDE_ONLY}"
+    return f"{_INSTRUCTIONS} {_DECIDE_FIRST} {more.instructions}"
+
 
 # Agent-facing descriptions of the request's fields (the protocol models' own descriptions are written for
 # the OpenAPI page and the code). Keyed by (definition, property); "" is the request itself.
@@ -302,8 +325,41 @@ def mcp_server(decide: Decide, more: ToolSource | None = None) -> Server[Any]:
         SERVER_NAME,
         version=__version__,
         title="Clef decisions",
-        instructions=_INSTRUCTIONS,
+        instructions=_instructions(more),
         get_tool_input_schema=input_schema,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+# ----------------------------------------------------------------------------- malformed messages
+# A message that is not JSON-RPC never reaches the server above: each transport answers it with the error
+# below, the same for a stdio line and a POST body. The SDK's own text for it is pydantic's report on every
+# branch of the message union (a dozen lines and URLs); this one names the field.
+
+_MESSAGE_KINDS = ("JSONRPCRequest", "JSONRPCNotification", "JSONRPCResponse", "JSONRPCError")
+
+
+def malformed_message_error(exc: ValidationError) -> types.ErrorData:
+    """The JSON-RPC error for a message the SDK's message adapter refused (``exc``): -32700 for text that is
+    not JSON, -32602 for ``params`` of the wrong type, else -32600 naming the field(s), e.g. ``invalid
+    request: method: Field required``. Of the message kinds, the one the message is closest to (the fewest
+    problems; a request before a notification, a response, an error) names them."""
+    problems = exc.errors(include_url=False, include_input=False, include_context=False)
+    for problem in problems:
+        if problem["type"] == "json_invalid":
+            reason = problem["msg"].removeprefix("Invalid JSON: ")
+            return types.ErrorData(code=types.PARSE_ERROR, message=f"parse error: {reason}")
+    by_kind: dict[str, list[tuple[tuple[str | int, ...], str]]] = {}
+    for problem in problems:
+        kind, *field = problem["loc"] or ("",)
+        by_kind.setdefault(str(kind), []).append((tuple(field), problem["msg"]))
+    closest = min((by_kind[kind] for kind in _MESSAGE_KINDS if kind in by_kind), key=len, default=[((), "")])
+    if any(not field for field, _ in closest):  # the message itself: an array, a string, a number
+        return types.ErrorData(
+            code=types.INVALID_REQUEST, message="invalid request: a JSON-RPC message is a JSON object"
+        )
+    listed = "; ".join(f"{format_loc(field)}: {text}" for field, text in closest)
+    if all(field[0] == "params" for field, _ in closest):
+        return types.ErrorData(code=types.INVALID_PARAMS, message=f"invalid params: {listed}")
+    return types.ErrorData(code=types.INVALID_REQUEST, message=f"invalid request: {listed}")
