@@ -65,7 +65,10 @@ def test_models_lists_the_base_model_and_each_head(served: Served, tuned_dir: Pa
     assert head["base_model"] == "tiny" and head["path"] == str(tuned_dir) and len(head["digest"]) == 64
     assert base["name"] == "tiny" and base["default"] and base["digest"] != head["digest"]
     heads = served.client.get("/v1/heads").json()["data"]
-    assert [(h["name"], h["digest"]) for h in heads] == [("tiny", base["digest"]), ("support", head["digest"])]
+    assert [(h["name"], h["digest"]) for h in heads] == [
+        ("tiny", base["digest"]),
+        ("support", head["digest"]),
+    ]
 
 
 def test_another_head_on_a_known_state_is_a_cache_hit(served: Served) -> None:

@@ -303,8 +303,9 @@ with `minimum`/`maximum` (2 to 10 levels) a score. A function tool (`{"type": "f
 "required") is decided from its `parameters`. The reply is a Response object whose `output` is one
 `message` (its `output_text` the JSON object of the most probable answers, with per-field `logprobs` when
 `include` has `message.output_text.logprobs`) or one `function_call`, with the System One answers in
-`x_decisions`.
-Refused with 400 naming the field: `stream: true`, `previous_response_id`, `conversation` and `prompt`
+`x_decisions`. `stream: true` answers with the Responses event stream (the decision is made first; the text
+or the call's arguments come in one delta, then `response.completed` with usage).
+Refused with 400 naming the field: `previous_response_id`, `conversation` and `prompt`
 (nothing is stored), `background: true`, a `text` / `json_object` format without a tool. Errors use OpenAI's
 shape (`{"error": {"message", "type", "param", "code"}}`).
 """

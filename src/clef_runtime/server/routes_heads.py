@@ -141,7 +141,16 @@ async def list_heads(request: Request) -> dict[str, Any]:
             "content": {
                 "application/json": {
                     "schema": LoadHead.model_json_schema(),
-                    "example": {"name": "billing", "path": "/srv/heads/billing"},
+                    "examples": {
+                        "tuned": {
+                            "summary": "A head clef tune wrote",
+                            "value": {"name": "billing", "path": "/srv/heads/billing"},
+                        },
+                        "calibrated": {
+                            "summary": "A head with its own calibration.json (applied to its answers)",
+                            "value": {"name": "fraud-v2", "path": "/srv/heads/fraud-v2"},
+                        },
+                    },
                 }
             },
         }
