@@ -108,8 +108,11 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
     argv, env_value, expected = SAMPLES[field]
     option = next(o for o in ALL_SERVE_OPTIONS if o.field == field)
     base = [] if field == "model" else ["--model", "m"]
-    assert value_of(base + argv, {}, field) == expected
+    # --rate-burst alone is refused: it sizes the bucket of a --rate-limit.
+    needs = {"rate_burst": (["--rate-limit", "1"], {"CLEF_RATE_LIMIT": "1"})}.get(field, ([], {}))
+    assert value_of(base + needs[0] + argv, {}, field) == expected
     environ = {option.env: env_value} if field == "model" else {option.env: env_value, "CLEF_MODEL": "m"}
+    environ.update(needs[1])
     assert value_of([], environ, field) == expected
 
 
@@ -124,6 +127,12 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
         ([], {"CLEF_RAY_ROUTING": "random"}, "CLEF_RAY_ROUTING"),
         (["--head", "tuned=/nonexistent/head"], {}, "--head tuned=/nonexistent/head: not a directory"),
         (["--head", "a=/x", "--head", "a=/y"], {}, "--head: the name(s) a are given more than once"),
+        (["--api-key", "bad name:k1"], {}, "a colon is NAME:KEY, and the name 'bad name' is not"),
+        (["--api-key", "a:"], {}, "--api-key a: the key after 'NAME:' is empty"),
+        (["--api-key", "alice:k1", "--api-key", "bob:k1"], {}, "--api-key: one key is given under several"),
+        (["--api-key", "k1", "--api-key", "k1"], {}, "--api-key: one key is given under several names"),
+        (["--rate-burst", "5"], {}, "--rate-burst needs --rate-limit"),
+        ([], {"CLEF_RATE_BURST": "5"}, "--rate-burst needs --rate-limit"),
     ],
 )
 def test_run_serve_returns_2_on_bad_settings(

@@ -62,7 +62,8 @@ def test_keys_are_named_by_name_colon_key_or_by_position() -> None:
     assert parse_key("ops:sk-123", 1).name == "ops" and parse_key("ops:sk-123", 1).secret == "sk-123"
     assert parse_key("plain-key", 2).name == "key-2" and parse_key("plain-key", 2).secret == "plain-key"
     assert parse_key("ci:a:b", 1).secret == "a:b"  # a key with a colon, named
-    assert parse_key("has space:x", 3).name == "key-3"  # not a valid name: the whole value is the key
+    with pytest.raises(ValueError, match="NAME:KEY"):  # not a valid name: refused, not a bare key
+        parse_key("has space:x", 3)
     checker = KeyChecker(["ops:sk-123", "plain-key"])
     assert checker.names == ("ops", "key-2")
     assert checker.name_of("sk-123") == "ops" and checker.name_of("plain-key") == "key-2"

@@ -155,7 +155,15 @@ def _log_request(scope: Scope, state: dict[str, Any], route: str, status: int, e
         f"status={status}",
         f"ms={elapsed * 1000:.1f}",
     ]
-    for key in ("input_tokens", "questions", "truncated_state_tokens", "state_cache", "steps", "error_type"):
+    for key in (
+        "key",
+        "input_tokens",
+        "questions",
+        "truncated_state_tokens",
+        "state_cache",
+        "steps",
+        "error_type",
+    ):
         if key in state:
             parts.append(f"{key}={state[key]}")
     logger.log(level, " ".join(parts))
