@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from clef_runtime.options import EngineOptions
+from clef_runtime import cli
+from clef_runtime.options import (
+    EngineOptions,
+    Option,
+    parse_bool,
+    parse_float,
+    parse_int,
+    parse_lower,
+    parse_size,
+)
 from clef_runtime.scale import ray_serve
 from clef_runtime.scale.settings import RaySettings
 from clef_runtime.serve_command import (
@@ -224,3 +233,26 @@ def test_an_address_of_another_machine_is_named(capsys: pytest.CaptureFixture[st
     assert serve(settings, engine_factory=lambda s: NeverLoaded()) == 1
     err = capsys.readouterr().err
     assert err.startswith("clef serve: error: cannot listen on 192.0.2.1:8094: ") and "--host" in err
+
+
+# Every option whose value is parsed (not free text, not a switch): "x" is a value each of them refuses.
+PARSED_OPTIONS = [
+    option for option in ALL_SERVE_OPTIONS if option.kind == "value" and option.parse is not str
+]
+
+
+def test_the_parsed_options_cover_every_parser() -> None:
+    parsers = {parse_int, parse_float, parse_size, parse_bool, parse_lower, str.strip, float}
+    assert {option.parse for option in PARSED_OPTIONS} == parsers
+
+
+@pytest.mark.parametrize("option", PARSED_OPTIONS, ids=lambda option: option.flag)
+def test_a_bad_value_names_its_flag_and_what_it_expects_not_our_parser(
+    option: Option, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve", "--model", "m", option.flag, "x"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("clef serve: error: ") and option.flag in error and "'x'" in error
+    assert "parse_" not in error and "invalid parse" not in error
+    if option.parse in (parse_int, parse_float, parse_size, parse_bool):  # ours say what they expect
+        assert "(e.g. " in error or "(use " in error

@@ -162,3 +162,24 @@ def test_every_decision_route_and_job_submission_counts_against_one_caller(
 def test_without_a_rate_limit_no_rate_limit_headers_are_sent(client: object) -> None:
     response = post(client, REQUEST)  # type: ignore[arg-type]
     assert response.status_code == 200 and "x-ratelimit-limit" not in response.headers
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "words"),
+    [
+        (1, 1, "1 request/s (burst 1)"),
+        (2.5, 3, "2.5 requests/s (burst 3)"),
+        (0.5, 1, "0.5 requests/s (burst 1)"),
+    ],
+)
+def test_the_limit_in_words_is_singular_for_one_request_per_second(
+    rate: float, burst: int, words: str
+) -> None:
+    assert RateLimiter(rate, burst, clock=ManualClock()).describe() == words
+
+
+def test_a_refusal_states_the_limit_in_words(serve_fake: Callable[..., Served]) -> None:
+    client = serve_fake(rate_limit=0.001, rate_burst=1).client  # no token comes back during the test
+    assert post(client, REQUEST).status_code == 200
+    detail = assert_error_shape(post(client, REQUEST), 429, "rate_limited")
+    assert "over the rate limit of 0.001 requests/s (burst 1) for this client address" in detail["message"]

@@ -135,7 +135,7 @@ def admit_caller(request: Request) -> None:
         raise ApiError(
             429,
             "rate_limited",
-            f"over the rate limit of {limiter.rate:g} requests/s (burst {limiter.burst}) for "
+            f"over the rate limit of {limiter.describe()} for "
             f"{'key ' + repr(name) if name else 'this client address'}; retry in {headers['Retry-After']} s",
             headers=headers,
         )
