@@ -19,7 +19,9 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Each step says what it does and pip shows its progress: a first install downloads torch (~200 MB on
 # CPU) and takes a minute or two. Step 3 takes only torch itself from TORCH_INDEX (--no-deps): its
 # dependencies come from PyPI in step 4, so where that index cannot be reached but a local copy of the wheel
-# can (a package mirror, pip's find-links), the install costs one failed lookup, not five retries per package.
+# can (a package mirror, pip's find-links), pip gives up on the index once, for torch alone, not for every
+# package: that once is still six tries (pip's default --retries 5, with back-off, each up to --timeout 15 s
+# where connections hang), kept because they are what carries an install over a flaky connection.
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)

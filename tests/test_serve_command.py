@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from clef_runtime.options import EngineOptions
+from clef_runtime import cli
+from clef_runtime.options import (
+    EngineOptions,
+    Option,
+    parse_bool,
+    parse_float,
+    parse_int,
+    parse_lower,
+    parse_size,
+)
 from clef_runtime.scale import ray_serve
 from clef_runtime.scale.settings import RaySettings
 from clef_runtime.serve_command import (
@@ -110,8 +119,11 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
     argv, env_value, expected = SAMPLES[field]
     option = next(o for o in ALL_SERVE_OPTIONS if o.field == field)
     base = [] if field == "model" else ["--model", "m"]
-    assert value_of(base + argv, {}, field) == expected
+    # --rate-burst alone is refused: it sizes the bucket of a --rate-limit.
+    needs = {"rate_burst": (["--rate-limit", "1"], {"CLEF_RATE_LIMIT": "1"})}.get(field, ([], {}))
+    assert value_of(base + needs[0] + argv, {}, field) == expected
     environ = {option.env: env_value} if field == "model" else {option.env: env_value, "CLEF_MODEL": "m"}
+    environ.update(needs[1])
     assert value_of([], environ, field) == expected
 
 
@@ -126,6 +138,12 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
         ([], {"CLEF_RAY_ROUTING": "random"}, "CLEF_RAY_ROUTING"),
         (["--head", "tuned=/nonexistent/head"], {}, "--head tuned=/nonexistent/head: not a directory"),
         (["--head", "a=/x", "--head", "a=/y"], {}, "--head: the name(s) a are given more than once"),
+        (["--api-key", "bad name:k1"], {}, "a colon is NAME:KEY, and the name 'bad name' is not"),
+        (["--api-key", "a:"], {}, "--api-key a: the key after 'NAME:' is empty"),
+        (["--api-key", "alice:k1", "--api-key", "bob:k1"], {}, "--api-key: one key is given under several"),
+        (["--api-key", "k1", "--api-key", "k1"], {}, "--api-key: one key is given under several names"),
+        (["--rate-burst", "5"], {}, "--rate-burst needs --rate-limit"),
+        ([], {"CLEF_RATE_BURST": "5"}, "--rate-burst needs --rate-limit"),
     ],
 )
 def test_run_serve_returns_2_on_bad_settings(
@@ -241,3 +259,26 @@ def test_the_startup_log_names_the_jobs_and_classifiers_databases(
         assert len(jobs_lines) == 1 and jobs_lines[0].endswith(f"stored in {settings.jobs_db_path}")
     else:
         assert jobs_lines == ["batch jobs are off (--jobs off)"]
+
+
+# Every option whose value is parsed (not free text, not a switch): "x" is a value each of them refuses.
+PARSED_OPTIONS = [
+    option for option in ALL_SERVE_OPTIONS if option.kind == "value" and option.parse is not str
+]
+
+
+def test_the_parsed_options_cover_every_parser() -> None:
+    parsers = {parse_int, parse_float, parse_size, parse_bool, parse_lower, str.strip, float}
+    assert {option.parse for option in PARSED_OPTIONS} == parsers
+
+
+@pytest.mark.parametrize("option", PARSED_OPTIONS, ids=lambda option: option.flag)
+def test_a_bad_value_names_its_flag_and_what_it_expects_not_our_parser(
+    option: Option, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve", "--model", "m", option.flag, "x"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("clef serve: error: ") and option.flag in error and "'x'" in error
+    assert "parse_" not in error and "invalid parse" not in error
+    if option.parse in (parse_int, parse_float, parse_size, parse_bool):  # ours say what they expect
+        assert "(e.g. " in error or "(use " in error

@@ -91,15 +91,35 @@ def parse_size(text: str) -> int:
 
 def parse_int(text: str) -> int:
     """An integer (surrounding spaces allowed). Raises ``ValueError``."""
-    return int(text.strip())
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"not an integer: {text!r} (e.g. 8)") from None
 
 
 def parse_float(text: str) -> float:
     """A finite float. Raises ``ValueError``."""
-    value = float(text.strip())
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"not a number: {text!r} (e.g. 2.5)") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"not a finite number: {text!r}")
     return value
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: its ValueError becomes the usage error's own text. Without it,
+    argparse replaces the message with ``invalid <function name> value``, naming our parser, not what the
+    flag expects."""
+
+    def parse_argument(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse_argument
 
 
 def parse_lower(text: str) -> str:
@@ -149,7 +169,7 @@ def add_option_arguments(
             parser.add_argument(
                 option.flag,
                 dest=option.field,
-                type=option.parse,
+                type=_argument_type(option.parse),
                 default=None,
                 metavar=option.metavar,
                 choices=option.choices,

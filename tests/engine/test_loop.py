@@ -21,6 +21,7 @@ from clef_runtime.engine.loop import (
     StepStats,
 )
 from clef_runtime.engine.policy import StepSettings
+from tests.helpers import ManualClock
 
 
 @dataclass(frozen=True)
@@ -409,3 +410,48 @@ def test_the_wait_before_submission_counts_against_the_queue_timeout() -> None:
     assert info.value.waited_s >= 10.0
     drain(runner, [blocker])
     loop.close()
+
+
+class TimedBatch(FakeBatch):
+    """A `FakeBatch` whose every advance takes ``step_s`` on ``clock``, whatever it holds (a batched step's
+    cost is mostly per step, not per token)."""
+
+    def __init__(self, runner: FakeRunner, items: dict[int, Item], clock: ManualClock, step_s: float) -> None:
+        super().__init__(runner, items)
+        self.clock = clock
+        self.step_s = step_s
+
+    def advance(self, tokens: int) -> dict[int, Decision]:
+        self.clock.now += self.step_s
+        return super().advance(tokens)
+
+
+class TimedRunner(FakeRunner):
+    def __init__(self, clock: ManualClock, step_s: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.step_s = step_s
+
+    def admit(
+        self, items: Sequence[Item], *, share: Collection[Hashable] = (), held: Collection[int] = ()
+    ) -> list[FakeBatch]:
+        super().admit(items, share=share, held=held)
+        return [TimedBatch(self, dict(enumerate(items)), self.clock, self.step_s)]
+
+
+def test_the_wait_estimate_follows_the_measured_step_time_and_the_steps_ahead() -> None:
+    clock = ManualClock()
+    runner = TimedRunner(clock, step_s=0.1)
+    loop = EngineLoop(runner, StepSettings(max_step_tokens=4096, max_rows=8), clock=clock)
+    loop.submit(Item("alone", 100))  # one small request first: the only step measured before the burst
+    loop.run_until_idle()
+    burst = [loop.submit(Item(f"r{i}", 500)) for i in range(32)]
+    estimate = loop.estimated_wait_s()
+    before = clock.now
+    loop.run_until_idle()
+    drained = clock.now - before
+    assert all(future.done() for future in burst)
+    assert [kind for kind, *_ in runner.log].count("advance") == 5  # the small one, then 32 / 8 rows
+    # Within a factor of two of the time the queue took to drain (on the test's clock: no real timing). The
+    # old estimate, the small step's cost per token times the work ahead (one step at least), said 4.1 s.
+    assert drained / 2 <= estimate <= drained * 2

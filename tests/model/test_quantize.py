@@ -216,6 +216,14 @@ def test_plan_weights(tiny_dir: Path) -> None:
         plan("int4", 64 * GIB)
 
 
+def test_the_weight_mode_is_said_in_the_options_words_under_bf16_compute(tiny_dir: Path) -> None:
+    info = verify_checkpoint(tiny_dir)
+    plan = plan_weights("auto", info=info, device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert (plan.label, plan.storage_dtype, plan.bf16_storage) == ("bf16", torch.bfloat16, False)
+    # What the load log, /status.json and the tuning features show.
+    assert Backbone.load(tiny_dir, device="cpu", dtype="bf16").weight_mode == "bf16"
+
+
 def test_cli_decide_with_int8(capsys: pytest.CaptureFixture[str]) -> None:
     request = str(ROOT / "examples" / "request.json")
     assert main(["decide", "--model", "tiny", "--weights", "int8", "--cache-mb", "0", request]) == 0

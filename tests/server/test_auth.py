@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
+from clef_runtime.server.auth import NamedKey, parse_key
 from tests.server.conftest import Served
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
@@ -68,3 +69,14 @@ def test_auth_guards_models_but_not_health(secured: TestClient) -> None:
     assert post(secured, {"input": "x", "questions": []}, "/v1/decisions").status_code == 401
     assert secured.get("/health").status_code == 200
     assert secured.get("/ready").status_code == 200
+
+
+def test_a_value_with_a_colon_is_name_and_key_and_a_bad_name_is_refused_without_echoing_the_key() -> None:
+    assert parse_key("alice:k1:more", 1) == NamedKey("alice", "k1:more")
+    assert parse_key("plain-key", 3) == NamedKey("key-3", "plain-key")
+    for value in ("bad name:s3cret", ":s3cret", "a/b:s3cret", "x" * 65 + ":s3cret"):
+        with pytest.raises(ValueError, match="NAME:KEY") as info:
+            parse_key(value, 2)
+        assert "s3cret" not in str(info.value)
+    with pytest.raises(ValueError, match="empty"):
+        parse_key("alice:", 1)

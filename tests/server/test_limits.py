@@ -62,7 +62,8 @@ def test_keys_are_named_by_name_colon_key_or_by_position() -> None:
     assert parse_key("ops:sk-123", 1).name == "ops" and parse_key("ops:sk-123", 1).secret == "sk-123"
     assert parse_key("plain-key", 2).name == "key-2" and parse_key("plain-key", 2).secret == "plain-key"
     assert parse_key("ci:a:b", 1).secret == "a:b"  # a key with a colon, named
-    assert parse_key("has space:x", 3).name == "key-3"  # not a valid name: the whole value is the key
+    with pytest.raises(ValueError, match="NAME:KEY"):  # not a valid name: refused, not a bare key
+        parse_key("has space:x", 3)
     checker = KeyChecker(["ops:sk-123", "plain-key"])
     assert checker.names == ("ops", "key-2")
     assert checker.name_of("sk-123") == "ops" and checker.name_of("plain-key") == "key-2"
@@ -161,3 +162,24 @@ def test_every_decision_route_and_job_submission_counts_against_one_caller(
 def test_without_a_rate_limit_no_rate_limit_headers_are_sent(client: object) -> None:
     response = post(client, REQUEST)  # type: ignore[arg-type]
     assert response.status_code == 200 and "x-ratelimit-limit" not in response.headers
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "words"),
+    [
+        (1, 1, "1 request/s (burst 1)"),
+        (2.5, 3, "2.5 requests/s (burst 3)"),
+        (0.5, 1, "0.5 requests/s (burst 1)"),
+    ],
+)
+def test_the_limit_in_words_is_singular_for_one_request_per_second(
+    rate: float, burst: int, words: str
+) -> None:
+    assert RateLimiter(rate, burst, clock=ManualClock()).describe() == words
+
+
+def test_a_refusal_states_the_limit_in_words(serve_fake: Callable[..., Served]) -> None:
+    client = serve_fake(rate_limit=0.001, rate_burst=1).client  # no token comes back during the test
+    assert post(client, REQUEST).status_code == 200
+    detail = assert_error_shape(post(client, REQUEST), 429, "rate_limited")
+    assert "over the rate limit of 0.001 requests/s (burst 1) for this client address" in detail["message"]

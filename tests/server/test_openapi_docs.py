@@ -100,3 +100,18 @@ def test_every_workers_ai_example_is_accepted(client: TestClient, name: str) -> 
     assert response.status_code == 200, response.text
     assert response.json()["success"] is True
     assert set(response.json()["result"]["answers"]) == set(body["questions"])
+
+
+def test_the_api_description_tells_of_saved_classifiers_and_mcp(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    description = schema["info"]["description"]
+    for needle in (
+        "POST /v1/systemone",
+        "`/v1/classifiers`",
+        "POST /v1/classifiers/{name}/decide",
+        "POST /mcp",
+    ):
+        assert needle in description, needle
+    assert "docs/classifiers.md" in description and "classify_<name>" in description
+    assert "/mcp" not in schema["paths"]  # why the description has to say it: /docs lists no /mcp operation
+    assert {"/v1/classifiers", "/v1/classifiers/{name}/decide"} <= set(schema["paths"])

@@ -21,6 +21,10 @@ torch's intra-op threads; two steps at once would only make both slower and doub
   worker computes a step) and is never computed afterwards; a request admitted into a step has always
   waited less. Background requests have no deadline: they wait in their own lane by design.
 * Timing: every decision carries its queue time, compute time and the number of steps it took part in.
+* Drain estimate (a refusal's Retry-After): the steps the work ahead needs (its tokens over the step's token
+  budget, its requests over the step's rows) times the recent step time (an average weighted to the last
+  steps). Steps cost about the same whatever they hold: multiplying a per-token cost measured on small
+  steps by the tokens of a long queue overstated the drain of batched steps several times over.
 
 `EngineLoop.run_until_idle` runs the same steps on the calling thread without a worker: the synchronous
 `Clef.decide_encoded` uses it.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
@@ -177,7 +182,8 @@ class EngineLoop:
     ``on_step(stats)`` observes every step; ``on_thread_start()`` runs first on the worker thread (e.g. the
     engine's ``prepare_compute_thread``; an exception there is logged and the worker goes on).
     ``queue_timeout_s`` bounds how long an interactive request may wait without starting (None: no bound);
-    ``on_timeout(error)`` observes every request it fails.
+    ``on_timeout(error)`` observes every request it fails. ``clock`` times the steps for the drain
+    estimate (tests pass a clock of their own).
     """
 
     def __init__(
@@ -192,6 +198,7 @@ class EngineLoop:
         queue_timeout_s: float | None = None,
         on_timeout: Callable[[QueueTimeoutError], None] | None = None,
         name: str = "clef-engine",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_queue < 1 or max_background < 1:
             raise ValueError("max_queue and max_background must be at least 1")
@@ -217,7 +224,8 @@ class EngineLoop:
         self._drain = True
         self._thread: threading.Thread | None = None
         self._timer: threading.Thread | None = None
-        self._seconds_per_token = 0.0
+        self._seconds_per_step = 0.0
+        self._clock = clock
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -332,12 +340,21 @@ class EngineLoop:
     # ---------------------------------------------------------------------------------------- internals
 
     def _estimate_wait_locked(self) -> float:
-        per_token = self._seconds_per_token or 1e-3
+        """Seconds until the work now queued and running is done (see "Drain estimate" above)."""
         queued = sum(e.estimate.tokens if e.estimate else 0 for e in self._waiting)
         queued += sum(_input_tokens(e.item) for e in self._inbox)
         running = sum(b.remaining_tokens for b in self._batches.values())
-        # At least one step: a full queue always has that much ahead of it.
-        return max(queued + running, self.settings.max_step_tokens) * per_token
+        if not self._seconds_per_step:  # no step measured yet: a nominal cost per token
+            # At least one step: a full queue always has that much ahead of it.
+            return max(queued + running, self.settings.max_step_tokens) * 1e-3
+        requests = len(self._waiting) + len(self._inbox)
+        requests += sum(len(b.entries) for b in self._batches.values())
+        steps = max(
+            1,
+            math.ceil((queued + running) / self.settings.max_step_tokens),
+            math.ceil(requests / self.settings.max_rows),
+        )
+        return steps * self._seconds_per_step
 
     def _expire_locked(self, now: float) -> list[QueueTimeoutError]:
         """Fail every waiting request whose deadline has passed (it is never computed). Returns the errors,
@@ -480,8 +497,9 @@ class EngineLoop:
             # The admission time is taken before the deadlines are checked, and the admitted requests leave
             # the waiting list in the same locked section: every request admitted by this step has waited
             # less than the queue timeout (its queue time says so) and the timer cannot fail it any more.
-            started = time.monotonic()
-            timeouts = self._expire_locked(started)
+            now = time.monotonic()
+            started = self._clock()
+            timeouts = self._expire_locked(now)
             self._sweep_waiting()
             step = Step()
             if self._waiting or self._batches:
@@ -503,16 +521,13 @@ class EngineLoop:
         self._observe_timeouts(timeouts)
         if not step:
             return idle  # idle: nothing left (new arrivals are taken by the next step)
-        completed, failed = self._run(step, by_seq, wanted, started)
-        seconds = time.monotonic() - started
+        completed, failed = self._run(step, by_seq, wanted, now)
+        seconds = self._clock() - started
         with self._cond:
             self._work_done += step.tokens
             if step.tokens:
-                per_token = seconds / step.tokens
-                self._seconds_per_token = (
-                    per_token
-                    if not self._seconds_per_token
-                    else 0.8 * self._seconds_per_token + 0.2 * per_token
+                self._seconds_per_step = (
+                    seconds if not self._seconds_per_step else 0.8 * self._seconds_per_step + 0.2 * seconds
                 )
             if completed:
                 self._reestimate_held_locked()

@@ -232,7 +232,7 @@ class Backbone:
         self._info = info
         self._pad_id = ENDOFTEXT_ID
         self._compute_dtype = compute_dtype or model.embed_tokens.weight.dtype
-        self.weight_mode = weight_mode or str(self._compute_dtype).removeprefix("torch.")
+        self.weight_mode = weight_mode or dtype_name(self._compute_dtype)  # the options' words: bf16, fp32
         #: Why the compute dtype is what it is (``--dtype fp32``, ``auto: avx512_bf16, bf16 GEMM 3.4x ...``).
         self.dtype_reason = dtype_reason
         #: `extend`'s default cap on rows x tokens per model call (None: every batch in as few calls as its

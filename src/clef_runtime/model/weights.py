@@ -139,7 +139,10 @@ def plan_weights(
                 f"--weights int8 is a CPU feature (x86 int8 kernels); on {device.type} with "
                 f"{str(dtype).removeprefix('torch.')} compute use --weights auto"
             )
-        return WeightPlan(dtype, label=str(dtype).removeprefix("torch."))
+        from clef_runtime.model.compute_dtype import dtype_name
+
+        # Said as --dtype says it (bf16, not torch's bfloat16): the weights are held in the compute dtype.
+        return WeightPlan(dtype, label=dtype_name(dtype))
     if weights == "fp32":
         return WeightPlan(torch.float32)
     if weights == "bf16-storage":

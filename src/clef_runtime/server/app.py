@@ -35,6 +35,7 @@ from clef_runtime.server.jobs import JobsService
 from clef_runtime.server.mcp_http import McpEndpoint
 from clef_runtime.server.metrics import ServerMetrics
 from clef_runtime.server.openai_errors import openai_shaped_paths
+from clef_runtime.server.openapi_docs import CLASSIFIERS_AND_MCP_DESCRIPTION
 from clef_runtime.server.routes_chat import router as chat_router
 from clef_runtime.server.routes_classifiers import router as classifiers_router
 from clef_runtime.server.routes_decisions import router as decisions_router
@@ -157,6 +158,7 @@ def _log_request(scope: Scope, state: dict[str, Any], route: str, status: int, e
         f"ms={elapsed * 1000:.1f}",
     ]
     for key in (
+        "key",
         "head",
         "input_tokens",
         "questions",
@@ -247,7 +249,7 @@ def create_app(
     app = FastAPI(
         title="clef-runtime",
         version=__version__,
-        description=_DESCRIPTION,
+        description=_DESCRIPTION + "\n" + CLASSIFIERS_AND_MCP_DESCRIPTION,
         lifespan=lifespan,
         # routes_pages serves /docs and /redoc with local assets (FastAPI's defaults load them from a CDN).
         docs_url=None,

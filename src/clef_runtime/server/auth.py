@@ -5,9 +5,11 @@ send one). With keys configured, a key is read from ``Authorization: Bearer <key
 convention) or ``X-API-Key: <key>`` (SystemOne Builder's), and compared in constant time against every
 configured key, so neither the position of a mismatch nor which key matched shows in the timing.
 
-Keys have names, which is what rate limits, metrics and logs use (never the key itself): a configured value
-``NAME:KEY`` (``NAME`` of letters, digits, ``_``, ``.``, ``-``; at most 64) names its key; any other value is
-a key named by its position, ``key-1``, ``key-2``, ... (a key that contains a colon itself needs a name).
+Keys have names, which is what rate limits, metrics, and request log lines (``key=NAME``) use, never the key
+itself: a configured value ``NAME:KEY`` (``NAME`` of letters, digits, ``_``, ``.``, ``-``; at most 64;
+``KEY`` non-empty) names its key; a value without a colon is a key named by its position, ``key-1``,
+``key-2``, ... A value with a colon is always read as ``NAME:KEY`` (a key that contains a colon itself needs
+a name), so a mistyped name is refused rather than silently becoming part of a bare key.
 """
 
 from __future__ import annotations
@@ -42,11 +44,21 @@ class NamedKey:
 
 
 def parse_key(value: str, position: int) -> NamedKey:
-    """A configured ``--api-key`` value: ``NAME:KEY``, or a bare key named ``key-<position>`` (1-based)."""
+    """A configured ``--api-key`` value: ``NAME:KEY``, or a bare key (no colon) named ``key-<position>``
+    (1-based). Raises ValueError, without the key in its message, for a value with a colon whose name is
+    not a valid name or whose key is empty."""
     name, colon, secret = value.partition(":")
-    if colon and secret and _KEY_NAME.match(name):
-        return NamedKey(name, secret)
-    return NamedKey(f"key-{position}", value)
+    if not colon:
+        return NamedKey(f"key-{position}", value)
+    if not _KEY_NAME.match(name):
+        # The value may be a real key: quote the name part only, never what follows the colon.
+        raise ValueError(
+            f"--api-key value {position}: a value with a colon is NAME:KEY, and the name {name!r} is not one "
+            "(1-64 letters, digits, '_', '.', '-'; a key that contains a colon needs a name)"
+        )
+    if not secret:
+        raise ValueError(f"--api-key {name}: the key after 'NAME:' is empty (NAME:KEY)")
+    return NamedKey(name, secret)
 
 
 class KeyChecker:

@@ -100,7 +100,9 @@ def runtime_of(request: Request) -> ServerRuntime:
 
 def authenticate(request: Request) -> None:
     """Raise :class:`ApiError` 401 unless the request may proceed (always passes with auth off)."""
-    runtime_of(request).keys.check(request.headers)
+    name = runtime_of(request).keys.check(request.headers)
+    if name is not None:
+        note(request, key=name)
 
 
 RATE_LIMIT_HEADERS_STATE = "rate_limit_headers"
@@ -116,6 +118,8 @@ def admit_caller(request: Request) -> None:
     Raises :class:`ApiError` 401 (auth) or 429 ``rate_limited`` with Retry-After."""
     runtime = runtime_of(request)
     name = runtime.keys.check(request.headers)
+    if name is not None:
+        note(request, key=name)  # the request log line's key=NAME (the key itself is never logged)
     limiter = runtime.limiter
     if limiter is None:
         return
@@ -131,7 +135,7 @@ def admit_caller(request: Request) -> None:
         raise ApiError(
             429,
             "rate_limited",
-            f"over the rate limit of {limiter.rate:g} requests/s (burst {limiter.burst}) for "
+            f"over the rate limit of {limiter.describe()} for "
             f"{'key ' + repr(name) if name else 'this client address'}; retry in {headers['Retry-After']} s",
             headers=headers,
         )

@@ -72,6 +72,11 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
 
+    def describe(self) -> str:
+        """The limit in words: ``1 request/s (burst 1)``, ``2.5 requests/s (burst 3)``."""
+        unit = "request/s" if self.rate == 1 else "requests/s"
+        return f"{self.rate:g} {unit} (burst {self.burst})"
+
     def _refilled(self, bucket: _Bucket, now: float) -> float:
         return min(float(self.burst), bucket.tokens + (now - bucket.updated) * self.rate)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CLASSIFIERS_AND_MCP_DESCRIPTION",
     "DECISIONS_DESCRIPTION",
     "SYSTEMONE_DESCRIPTION",
     "decisions_request_body",
@@ -70,6 +71,18 @@ array in question order: `predicate` -> `probability`, `choice` -> `choice`, `co
 
 Images: `input_image` parts (inline `data:` URLs) in a user message of `input`, at most 4; they are not
 allowed in `instructions` (422).
+"""
+
+CLASSIFIERS_AND_MCP_DESCRIPTION = """\
+**Saved classifiers** (`/v1/classifiers`): save a set of System One questions (and the head that answers
+them) once under a name with `PUT /v1/classifiers/{name}`, then send only a state to
+`POST /v1/classifiers/{name}/decide`, which answers what `POST /v1/systemone` answers for the saved questions.
+Each API key sees only its own classifiers. More: the README's "Saved classifiers" and `docs/classifiers.md`.
+
+**MCP** (`POST /mcp`, not listed below): the Model Context Protocol's Streamable HTTP transport, so that an
+agent can use the model as a tool: `decide` takes a System One request, and each saved classifier is a tool
+`classify_<name>`. The same keys and rate limits apply. More: the README's "MCP" (`clef mcp` serves `decide`
+over stdio, for desktop agents).
 """
 
 _SUPPORT_TICKET = "I was charged twice for order #1042 and it still has not arrived. Please refund me."

@@ -141,10 +141,10 @@ class ServerSettings:
             problems.append(f"--rate-limit must be a positive number (requests/s), got {self.rate_limit}")
         if self.rate_burst is not None and self.rate_burst < 1:
             problems.append(f"--rate-burst must be at least 1, got {self.rate_burst}")
-        names = [parse_key(value, position).name for position, value in enumerate(self.api_keys, 1)]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            problems.append(f"--api-key names must be unique, repeated: {', '.join(duplicates)}")
+        if self.rate_burst is not None and self.rate_limit is None:
+            # A burst alone would be silently ignored: there is no bucket without a rate.
+            problems.append("--rate-burst needs --rate-limit (the burst is the size of the rate's bucket)")
+        problems.extend(_api_key_problems(self.api_keys))
         if self.queue_timeout_ms is not None and self.queue_timeout_ms < 1:
             problems.append(f"--queue-timeout-ms must be at least 1, got {self.queue_timeout_ms}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
@@ -238,6 +238,29 @@ class ServerSettings:
         out["api_keys"] = f"<{len(self.api_keys)} key(s)>"
         out["admin_keys"] = f"<{len(self.admin_keys)} key(s)>"
         return out
+
+
+def _api_key_problems(values: tuple[str, ...]) -> list[str]:
+    """What is wrong with the configured ``--api-key`` values (never quoting a key): a malformed
+    ``NAME:KEY``, a name given twice, or one key given twice (under two names, whichever would match)."""
+    problems = []
+    keys = []
+    for position, value in enumerate(values, 1):
+        try:
+            keys.append(parse_key(value, position))
+        except ValueError as exc:
+            problems.append(str(exc))
+    names = [key.name for key in keys]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        problems.append(f"--api-key names must be unique, repeated: {', '.join(duplicates)}")
+    by_secret: dict[str, list[str]] = {}
+    for key in keys:
+        by_secret.setdefault(key.secret, []).append(key.name)
+    for sharing in by_secret.values():
+        if len(sharing) > 1:  # a request with that key could only ever be counted under one of the names
+            problems.append(f"--api-key: one key is given under several names: {', '.join(sharing)}")
+    return problems
 
 
 OPTIONS: tuple[Option, ...] = (
