@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,15 @@ def test_names_a_head_may_not_take_and_the_default_head_stays(
 def test_a_head_named_as_the_model_is_refused_at_startup(head_dir: Path) -> None:
     with pytest.raises(OptionsError, match=r"--head tiny=.*model's own name"):
         Clef.load("tiny", head=f"tiny={head_dir}")
+
+
+def test_loading_a_head_never_waits_for_the_model(engine: Clef, head_dir: Path) -> None:
+    """Requests go on while a head loads: loading reads and moves its weights without the model lock (held
+    here for the whole load, as a long step would hold it)."""
+    loaded: list[Any] = []
+    with engine._model_lock:
+        worker = threading.Thread(target=lambda: loaded.append(engine.load_head("ident-lockfree", head_dir)))
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive() and loaded, "load_head waited for the model lock"
+    engine.unload_head("ident-lockfree")

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clef_runtime import Clef
+from tests.engine.head_dirs import write_tuned_head
 from tests.server.conftest import Served
 from tests.server.test_classifiers_api import QUESTIONS as CLASSIFIER_QUESTIONS
 from tests.server.test_compat_api import CHAT, CHAT_PATH, SYSTEMONE, WORKERS
@@ -215,3 +218,32 @@ def test_a_classifier_without_a_head_pins_the_default_head(serve_fake: Callable[
     other.engine.heads[name] = dataclasses.replace(other.engine.heads[name], digest="f" * 64)
     refused = decide(other)
     assert refused.status_code == 409 and refused.json()["detail"]["digest_served"] == "f" * 64
+
+
+# ----------------------------------------------------------------------------- the new user's finding
+
+
+@pytest.mark.slow
+def test_a_restart_without_the_head_refuses_the_classifier_instead_of_the_release_heads_answer(
+    serve_fake: Callable[..., Served], tiny: Clef, tmp_path: Path
+) -> None:
+    """The finding, on the real model: saved with ``--head billing=DIR``, the classifier was answered by the
+    release head after a restart without it (200, ``"model": "billing"``, other numbers). Now: 503 without
+    the head, 409 with other weights under its name, and its own answer again with its own head."""
+    first_dir = write_tuned_head(tiny.path, tmp_path / "billing", seed=11)
+    other_dir = write_tuned_head(tiny.path, tmp_path / "billing-v2", seed=12)
+    shared = {"classifiers_db": str(tmp_path / "classifiers.sqlite3"), "api_keys": ("alice:user-secret",)}
+    with_head = serve_fake(engine=Clef.load("tiny", dtype="fp32", head=f"billing={first_dir}"), **shared)
+    assert save(with_head, "billing").status_code == 201
+    answered = decide(with_head)
+    assert answered.status_code == 200 and answered.json()["model"] == "billing"
+
+    restarted = serve_fake(engine=Clef.load("tiny", dtype="fp32"), admin_keys=("admin-secret",), **shared)
+    missing = decide(restarted)
+    assert missing.status_code == 503 and missing.json()["detail"]["error_type"] == "head_not_loaded"
+    assert load(restarted, "billing", str(other_dir)).status_code == 201
+    assert decide(restarted).json()["detail"]["error_type"] == "head_changed"
+    restarted.client.delete("/v1/heads/billing", headers=ADMIN)
+    assert load(restarted, "billing", str(first_dir)).status_code == 201
+    again = decide(restarted)
+    assert again.status_code == 200 and again.json()["answers"] == answered.json()["answers"]
