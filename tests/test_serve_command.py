@@ -44,6 +44,8 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "host": (["--host", "0.0.0.0"], "0.0.0.0", "0.0.0.0"),
     "port": (["--port", "9000"], "9000", 9000),
     "api_keys": (["--api-key", "a", "--api-key", "b"], "a, b", ("a", "b")),
+    "admin_keys": (["--admin-key", "ops:x"], "ops:x", ("ops:x",)),
+    "strict_model_names": (["--strict-model-names"], "true", True),
     "max_queue": (["--max-queue", "3"], "3", 3),
     "queue_timeout_ms": (["--queue-timeout-ms", "250"], "250", 250),
     "rate_limit": (["--rate-limit", "2.5"], "2.5", 2.5),
@@ -109,7 +111,7 @@ def test_every_option_is_sampled() -> None:
     assert set(SAMPLES) == {option.field for option in ALL_SERVE_OPTIONS}
     assert len(ALL_SERVE_OPTIONS) == len({option.flag for option in ALL_SERVE_OPTIONS})
     assert all(
-        option.env == "CLEF_" + option.field.upper() or option.field == "api_keys"
+        option.env == "CLEF_" + option.field.upper() or option.field in ("api_keys", "admin_keys")
         for option in ALL_SERVE_OPTIONS
     )
 
@@ -144,6 +146,14 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
         (["--api-key", "k1", "--api-key", "k1"], {}, "--api-key: one key is given under several names"),
         (["--rate-burst", "5"], {}, "--rate-burst needs --rate-limit"),
         ([], {"CLEF_RATE_BURST": "5"}, "--rate-burst needs --rate-limit"),
+        (["--head", "=/x"], {}, "--head '=/x': the name before '=' is empty"),
+        (["--admin-key", "ops:"], {}, "--admin-key ops: the key after 'NAME:' is empty"),
+        (
+            ["--api-key", "alice:k1", "--admin-key", "ops:k1"],
+            {},
+            "--admin-key must differ from every --api-key",
+        ),
+        ([], {"CLEF_API_KEY": "k1", "CLEF_ADMIN_KEY": "k1"}, "--admin-key must differ from every --api-key"),
     ],
 )
 def test_run_serve_returns_2_on_bad_settings(

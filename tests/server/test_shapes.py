@@ -12,7 +12,15 @@ from tests.server.fake_engine import FakeClef
 from tests.server.helpers import REQUEST, assert_error_shape, assert_validation_shape, post
 
 # The body of an answer on both decision routes: the API's fields and the server's x_ extensions.
-RESPONSE_FIELDS = {"model", "answers", "usage", "x_truncated_state_tokens", "x_latency_ms", "x_state_cache"}
+RESPONSE_FIELDS = {
+    "model",
+    "answers",
+    "usage",
+    "x_truncated_state_tokens",
+    "x_latency_ms",
+    "x_state_cache",
+    "x_head",
+}
 
 
 def test_systemone_answers_with_the_engine_response_plus_x_fields(serve_fake: Callable[..., Served]) -> None:

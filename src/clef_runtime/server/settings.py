@@ -144,7 +144,8 @@ class ServerSettings:
         if self.rate_burst is not None and self.rate_limit is None:
             # A burst alone would be silently ignored: there is no bucket without a rate.
             problems.append("--rate-burst needs --rate-limit (the burst is the size of the rate's bucket)")
-        problems.extend(_api_key_problems(self.api_keys))
+        problems.extend(_key_problems(self.api_keys))
+        problems.extend(_key_problems(self.admin_keys, "--admin-key"))
         if self.queue_timeout_ms is not None and self.queue_timeout_ms < 1:
             problems.append(f"--queue-timeout-ms must be at least 1, got {self.queue_timeout_ms}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
@@ -157,11 +158,7 @@ class ServerSettings:
             problems.append(
                 "--admin-key values must be non-empty printable strings without surrounding spaces"
             )
-        api_secrets = {parse_key(value, position).secret for position, value in enumerate(self.api_keys, 1)}
-        if any(
-            parse_key(value, position).secret in api_secrets
-            for position, value in enumerate(self.admin_keys, 1)
-        ):
+        if _shared_secrets(self.api_keys, self.admin_keys):
             problems.append(
                 "--admin-key must differ from every --api-key (an API key must not unlock the admin routes)"
             )
@@ -240,27 +237,43 @@ class ServerSettings:
         return out
 
 
-def _api_key_problems(values: tuple[str, ...]) -> list[str]:
-    """What is wrong with the configured ``--api-key`` values (never quoting a key): a malformed
-    ``NAME:KEY``, a name given twice, or one key given twice (under two names, whichever would match)."""
+def _key_problems(values: tuple[str, ...], flag: str = "--api-key") -> list[str]:
+    """What is wrong with the configured ``--api-key`` (or ``--admin-key``) values (never quoting a key): a
+    malformed ``NAME:KEY``, a name given twice, or one key given twice (under two names, whichever would
+    match)."""
     problems = []
     keys = []
     for position, value in enumerate(values, 1):
         try:
             keys.append(parse_key(value, position))
         except ValueError as exc:
-            problems.append(str(exc))
+            problems.append(str(exc).replace("--api-key", flag))
     names = [key.name for key in keys]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        problems.append(f"--api-key names must be unique, repeated: {', '.join(duplicates)}")
+        problems.append(f"{flag} names must be unique, repeated: {', '.join(duplicates)}")
     by_secret: dict[str, list[str]] = {}
     for key in keys:
         by_secret.setdefault(key.secret, []).append(key.name)
     for sharing in by_secret.values():
         if len(sharing) > 1:  # a request with that key could only ever be counted under one of the names
-            problems.append(f"--api-key: one key is given under several names: {', '.join(sharing)}")
+            problems.append(f"{flag}: one key is given under several names: {', '.join(sharing)}")
     return problems
+
+
+def _shared_secrets(api_keys: tuple[str, ...], admin_keys: tuple[str, ...]) -> bool:
+    """Whether an admin key is also an API key (malformed values are reported by `_key_problems`)."""
+
+    def secrets(values: tuple[str, ...]) -> set[str]:
+        found = set()
+        for position, value in enumerate(values, 1):
+            try:
+                found.add(parse_key(value, position).secret)
+            except ValueError:
+                continue
+        return found
+
+    return bool(secrets(api_keys) & secrets(admin_keys))
 
 
 OPTIONS: tuple[Option, ...] = (
