@@ -63,6 +63,9 @@ def test_the_page_runs_a_saved_classifier_and_shows_the_api_numbers(
         page.get_by_label("Classifier", exact=True).select_option("triage")
         page.get_by_text("Routes a support ticket.").wait_for()
         assert "one of billing, tech" in page.locator("#question-list").inner_text()
+        # Saved without a head: the default head, pinned and served, so no badge.
+        assert "Head: default head · pinned digest" in page.locator("#pin").inner_text()
+        assert page.locator("#pin .badge").count() == 0
         page.get_by_label("State", exact=True).fill("Charged twice, please refund today.")
         with page.expect_response(lambda r: r.url.endswith("/v1/classifiers/triage/decide")) as info:
             page.get_by_role("button", name="Run", exact=True).click()
@@ -91,5 +94,86 @@ def test_the_page_runs_a_saved_classifier_and_shows_the_api_numbers(
         assert foreign == []
         # The only error logged is the browser's note of the 401 before the key was given.
         assert all("401" in error for error in errors), errors
+    finally:
+        context.close()
+
+
+def _open_with_key(browser: Any, url: str) -> tuple[Any, Any, list[str]]:
+    """A page on ``url`` with the key already in this tab's sessionStorage, its list loaded; the errors it
+    logs are collected."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    context.add_init_script(f"sessionStorage.setItem('clef-playground-api-key', {KEY!r})")
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='true']")
+    return context, page, errors
+
+
+def _shown_pin(page: Any) -> tuple[str, list[str], list[str | None]]:
+    """The pin's text, its badges and the full digests in its tooltips, after a fresh load of the page."""
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']")
+    page.get_by_label("Classifier", exact=True).select_option("billing-triage")
+    pin = page.locator("#pin")
+    pin.get_by_text("Head:").wait_for()
+    badges = pin.locator(".badge").all_inner_texts()
+    return pin.inner_text(), badges, [code.get_attribute("title") for code in pin.locator("code").all()]
+
+
+def test_the_page_shows_the_head_pin_and_marks_it_when_the_head_is_unloaded_or_changed(
+    browser: Any, live_fake: Callable[..., LiveServer]
+) -> None:
+    engine = FakeClef()
+    engine.load_head("billing", "/heads/a")
+    live = live_fake(engine, api_keys=(KEY,))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    saved = httpx.put(
+        f"{live.url}/v1/classifiers/billing-triage",
+        json={"questions": QUESTIONS, "head": "billing"},
+        headers=headers,
+        timeout=30,
+    )
+    assert saved.status_code == 201, saved.text
+    pinned = saved.json()["head_digest"]
+    context, page, errors = _open_with_key(browser, live.url + "/classifiers")
+    try:
+        # Intact: the head's name and the pinned digest's first 12 hex (full in the tooltip), no badge.
+        text, badges, titles = _shown_pin(page)
+        assert f"Head: billing · pinned digest {pinned[:12]}" in text and pinned[12:] not in text
+        assert (badges, titles) == ([], [pinned])
+        assert page.locator("#pin .pin-hint").count() == 0
+
+        # Unloaded while the page is open: Run shows the server's 503 message (never a silent failure)
+        # and the page lists the pins again, so the badge appears without a reload.
+        engine.unload_head("billing")
+        page.get_by_label("State", exact=True).fill("Charged twice.")
+        page.get_by_role("button", name="Run", exact=True).click()
+        alert = page.get_by_role("alert")
+        alert.filter(has_text="The server answered 503").wait_for()
+        assert "which this server does not serve" in alert.inner_text()
+        page.locator("#pin .badge").filter(has_text="head not loaded").wait_for()
+
+        text, badges, titles = _shown_pin(page)
+        assert badges == ["head not loaded"] and titles == [pinned]
+        assert "clef serve --head billing=DIR" in page.locator("#pin .pin-hint").inner_text()
+        assert "head not loaded" in page.locator("#classifier option").inner_text()
+
+        served = engine.load_head("billing", "/heads/b").digest
+        text, badges, titles = _shown_pin(page)
+        assert badges == ["head changed"] and titles == [pinned, served]
+        assert f"served now {served[:12]}" in text
+        hint = page.locator("#pin .pin-hint").inner_text()
+        assert "save the classifier again (PUT /v1/classifiers/billing-triage)" in hint
+        page.get_by_label("State", exact=True).fill("Charged twice.")
+        page.get_by_role("button", name="Run", exact=True).click()
+        alert.filter(has_text="The server answered 409").wait_for()
+        assert "PUT /v1/classifiers/billing-triage again" in alert.inner_text()
+        assert page.get_by_role("meter").count() == 0
+        # The only errors logged are the browser's notes of the refused runs.
+        assert all("409" in error or "503" in error for error in errors), errors
     finally:
         context.close()

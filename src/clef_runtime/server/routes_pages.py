@@ -141,7 +141,9 @@ _STATUS_EXAMPLE = {
     "state": "ready",
     "untrained": False,
     "device": "cuda:0",
-    "weights": "bfloat16",
+    # What a bf16 GPU server reports: the weights held in the compute dtype, said as --dtype says it.
+    "weights": "bf16",
+    "compute_dtype": "bf16",
     "max_input_tokens": 16384,
     "queue_depth": 0,
     "requests": {"total": 120, "rejected": 5, "errors": 2, "window": 113, "p50_ms": 41.3, "p95_ms": 88.0},

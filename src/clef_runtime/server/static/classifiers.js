@@ -1,6 +1,8 @@
 // The saved-classifiers page: list the caller's classifiers (GET /v1/classifiers), show one's questions, and
 // run it on a state (POST /v1/classifiers/{name}/decide), each option's probability drawn as a bar. The API
-// key is the playground's (the same sessionStorage entry), so a key typed on either page serves both.
+// key is the playground's (the same sessionStorage entry), so a key typed on either page serves both. Each
+// classifier shows the head it answers with and the digest it pinned when saved; a broken pin (the server
+// serves other weights under that name, or none) is marked, since deciding with it is then refused.
 "use strict";
 
 (function () {
@@ -52,6 +54,52 @@
     }
   }
 
+  // ---------------------------------------------------------------------------------------- the head pin
+
+  const DIGEST_SHOWN = 12; // hex digits shown; the full digest is in the tooltip
+  // What a broken pin (head_status.status) means and what to do about it; the decide route refuses both.
+  const PIN_PROBLEMS = {
+    head_not_loaded: {
+      badge: "head not loaded",
+      hint: (c) => "Reload the head (clef serve --head " + c.head + "=DIR, or POST /v1/heads), or save " +
+        "the classifier again with another head.",
+    },
+    head_changed: {
+      badge: "head changed",
+      hint: (c) => "Reload the head it was saved with, or save the classifier again (PUT /v1/classifiers/" +
+        c.name + ") to accept the head served now.",
+    },
+  };
+
+  function headName(classifier) {
+    return classifier.head === null || classifier.head === undefined ? "default head" : classifier.head;
+  }
+
+  function pinProblem(classifier) {
+    const status = classifier.head_status ? classifier.head_status.status : undefined;
+    return PIN_PROBLEMS[status] || null;
+  }
+
+  function digestCode(digest) {
+    return h("code", { class: "digest", title: digest, text: digest.slice(0, DIGEST_SHOWN) });
+  }
+
+  // The head line (name, pinned digest) and, for a broken pin, a badge, the digest served and what to do.
+  function pinLines(classifier) {
+    const headLine = h("p", { class: "pin-head" }, "Head: ", h("strong", { text: headName(classifier) }),
+      " · pinned digest ",
+      classifier.head_digest ? digestCode(classifier.head_digest) : "none (saved before digests were kept)");
+    const status = classifier.head_status || {};
+    if (status.status === "unknown") {
+      headLine.append(" · ", h("span", { class: "hint", text: "not checked while the model loads" }));
+    }
+    const problem = pinProblem(classifier);
+    if (!problem) return [headLine];
+    headLine.append(" ", h("span", { class: "badge warn", text: problem.badge }));
+    if (status.digest_served) headLine.append(" · served now ", digestCode(status.digest_served));
+    return [headLine, h("p", { class: "hint pin-hint", text: problem.hint(classifier) })];
+  }
+
   // ------------------------------------------------------------------------------------------- the list
 
   function selected() {
@@ -75,12 +123,18 @@
     const classifier = selected();
     $("details").hidden = !classifier;
     if (!classifier) return;
-    $("details-heading").textContent = classifier.name + " · version " + classifier.version +
-      (classifier.head ? " · head " + classifier.head : "");
+    $("details-heading").textContent = classifier.name + " · version " + classifier.version;
+    $("pin").replaceChildren(...pinLines(classifier));
     $("description").textContent = classifier.description || "";
     $("question-list").replaceChildren(
       ...Object.entries(classifier.questions).map(([qid, question]) => questionLine(qid, question)),
     );
+  }
+
+  // A broken pin shows in the list too, so it is seen before the classifier is picked.
+  function optionText(classifier) {
+    const problem = pinProblem(classifier);
+    return classifier.name + " (v" + classifier.version + ")" + (problem ? " · " + problem.badge : "");
   }
 
   async function loadList() {
@@ -97,7 +151,7 @@
       const previous = $("classifier").value;
       classifiers = body.data || [];
       $("classifier").replaceChildren(
-        ...classifiers.map((c) => h("option", { value: c.name, text: c.name + " (v" + c.version + ")" })),
+        ...classifiers.map((c) => h("option", { value: c.name, text: optionText(c) })),
       );
       if (classifiers.some((c) => c.name === previous)) $("classifier").value = previous;
       $("empty").hidden = classifiers.length > 0;
@@ -120,6 +174,11 @@
     } catch (exc) {
       return { ok: false, message: "state: not valid JSON: " + exc.message };
     }
+  }
+
+  function isPinError(body) {
+    const detail = body && body.detail;
+    return Boolean(detail && !Array.isArray(detail) && PIN_PROBLEMS[detail.error_type]);
   }
 
   async function run() {
@@ -150,6 +209,9 @@
         renderAnswers(body, response, elapsed);
       } else {
         $("run-status").textContent = "The server answered " + response.status + ".";
+        // A refused pin (409 head_changed, 503 head_not_loaded) may be news to this page: list the pins
+        // again, then show the server's message (loading the list clears the error box).
+        if (isPinError(body)) await loadList();
         showError(errorText(response.status, body));
       }
     } catch (exc) {
