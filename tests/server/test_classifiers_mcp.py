@@ -207,3 +207,19 @@ def test_a_tool_name_and_description_stay_within_what_agents_accept() -> None:
     assert "and 235 more" in tool.description  # each question's options are cut after 20
     assert "more question(s)" in tool.description  # and questions past the budget are counted, not cut
     assert tool.description.endswith("keyed by the question ids.")
+
+
+def test_a_classifier_tool_with_a_broken_pin_is_a_tool_error_never_another_heads_answer(
+    live_fake: Callable[..., LiveServer],
+) -> None:
+    engine = FakeClef()
+    engine.load_head("billing", "/heads/billing")
+    served = live_fake(engine)
+    save(served.url, "triage", head="billing")
+    engine.unload_head("billing")
+    missing = call(served.url, TOOL_PREFIX + "triage", {"state": STATE}, "handshake")
+    assert missing.is_error and "does not serve" in missing.content[0].text, missing.content[0].text
+    engine.load_head("billing", "/heads/billing-v2")
+    changed = call(served.url, TOOL_PREFIX + "triage", {"state": STATE}, "handshake")
+    assert changed.is_error and "PUT /v1/classifiers/triage" in changed.content[0].text
+    assert engine.batches == []
