@@ -130,9 +130,10 @@ def test_calibrate_writes_a_calibration_the_engine_accepts(
     assert calibration.temperatures["noul"] == report["calibration"]["temperatures"]["noul"]
     assert calibration.fitted_on["cases"] == HOLDOUT_CASES
     assert report["calibration"]["no_wrong_answer"] == []  # the scalars tier stays near chance here
-    # A later run without --calibrate removes it: it belonged to the earlier head.
-    tune_in_process(tiny, train, out, *flags, holdout=holdout, cache_dir=cache)
+    # A later run without --calibrate (--force: DIR holds a head) moves it away: it fits the earlier head.
+    tune_in_process(tiny, train, out, *flags, holdout=holdout, cache_dir=cache, force=True)
     assert not (out / CALIBRATION_FILE).exists()
+    assert (out / "previous" / CALIBRATION_FILE).is_file()
     assert (out / REPORT_FILE).is_file()
 
 
