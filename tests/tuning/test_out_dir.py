@@ -146,8 +146,8 @@ def test_ctrl_c_during_the_feature_pass_says_what_is_kept_and_writes_nothing(
     )
     assert status == 130 and stdout == "" and "Traceback" not in stderr
     assert stderr == (
-        f"clef tune: interrupted: 8 of 24 rows' features are cached in {cache}; nothing was written to "
-        f"--out {out}; run the same command again to continue\n"
+        f"clef tune: interrupted: 8 of 24 rows' features are cached in {cache}; no head, report or "
+        f"calibration was written to --out {out}; run the same command again to continue\n"
     )
     assert not out.exists()
     assert len([p for p in cache.rglob("*.safetensors")]) == 8

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from clef_runtime.engine.calibration import Calibration
+from clef_runtime.engine.preparer import PreparedRequest
 from clef_runtime.evaluation.calibrate import fit_calibration
 from clef_runtime.evaluation.cases import Case, CaseFileError, CaseFileUnusable, load_cases
 from clef_runtime.evaluation.metrics import Outcome
@@ -201,14 +202,18 @@ def _interrupted(store: FeatureStore, rows: Sequence[TuneRow], out: Path) -> Tun
     layouts = {row.key: row.layout for row in rows}
     kept = sum(store.has(key, layout) for key, layout in layouts.items())
     return TuneError(
-        f"{kept} of {len(layouts)} rows' features are cached in {store.directory}; nothing was written to "
-        f"--out {out}; run the same command again to continue",
+        f"{kept} of {len(layouts)} rows' features are cached in {store.directory}; no head, report or "
+        f"calibration was written to --out {out}; run the same command again to continue",
         EXIT_INTERRUPTED,
     )
 
 
 def _feature_pass(
-    clef: Any, job: TuneJob, store: FeatureStore, rows: Sequence[TuneRow], prepared: dict[str, Any]
+    clef: Any,
+    job: TuneJob,
+    store: FeatureStore,
+    rows: Sequence[TuneRow],
+    prepared: dict[str, PreparedRequest],
 ) -> FeatureStats:
     """Makes sure the features of ``rows`` are in ``store`` (`compute_features`), with a progress bar."""
     bar = progress_bar(len({row.key for row in rows}), "tune features") if job.show_progress else None
@@ -282,7 +287,7 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
     job.out.mkdir(parents=True, exist_ok=True)
     previous = _keep_previous(job.out) if job.force else None
     result.head.save_files(job.out)
-    for name in (HEAD_WEIGHTS_FILE, HEAD_CONFIG_FILE):  # written by the model's own writer
+    for name in (HEAD_WEIGHTS_FILE, HEAD_CONFIG_FILE):  # `save_files` leaves them at the umask's mode
         (job.out / name).chmod(FILE_MODE)
     calibration_path = job.out / CALIBRATION_FILE
     calibration = None
