@@ -71,6 +71,7 @@ def tune_in_process(
     holdout: Path | None = None,
     cache_dir: Path | None = None,
     calibrate: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Tunes ``clef`` (a loaded tiny model) in process with the settings of ``flags``; returns the report."""
     job = TuneJob(
@@ -83,5 +84,6 @@ def tune_in_process(
         cache_dir=cache_dir,
         calibrate=calibrate,
         show_progress=False,
+        force=force,
     )
     return tune(clef, job)

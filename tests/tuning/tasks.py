@@ -1,7 +1,8 @@
 """A synthetic task for tuning tests and measurements: "does this message raise a money matter?" (a noul
-question), true exactly when the state contains money keywords (the question itself uses none of them). The
-texts are drawn with a seeded generator, so a seed names a case file; an untrained head knows nothing about
-it (chance, ~0.5), a tuned one must learn it."""
+question), true exactly when the state contains money keywords (the question itself uses none of them).
+Positives and negatives have the same length distribution, so only the keywords tell them apart. The texts
+are drawn with a seeded generator, so a seed names a case file; an untrained head knows nothing about it
+(chance, ~0.5), a tuned one must learn it."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ _FILLER_TEXT = (
     "lunch will be served in the kitchen and there are sandwiches for everyone today"
 )
 FILLER = tuple(_FILLER_TEXT.split())
-#: The default shape: 4 to 8 filler words, and 12 keyword mentions in a positive. The tiny model's random
-#: backbone carries a single keyword among 20 words too weakly to learn from 150 cases (docs/tuning.md,
-#: "Measured"): a positive's words are mostly keywords here.
+#: The default shape: 4 to 8 filler words, and 12 more words inserted at random places: keywords in a
+#: positive, filler in a negative (16 to 20 words either way). The tiny model's random backbone carries a
+#: single keyword among 20 words too weakly to learn from 150 cases (docs/tuning.md, "Measured"): a
+#: positive's words are mostly keywords here.
 WORDS = (4, 8)
 MENTIONS = 12
 #: The task's size: 150 training cases, 60 held out.
@@ -44,13 +46,13 @@ QUESTION = {"billing": {"type": "noul", "instructions": "Does this message raise
 def billing_case(
     rng: random.Random, number: int, prefix: str, words: tuple[int, int] = WORDS, mentions: int = MENTIONS
 ) -> dict[str, Any]:
-    """One case: ``words`` (low, high) filler words, and ``mentions`` keywords at random places for a
-    positive (half the cases)."""
+    """One case: ``words`` (low, high) filler words, then ``mentions`` words inserted at random places:
+    keywords for a positive (half the cases), filler for a negative, so the classes differ only in them."""
     text = [rng.choice(FILLER) for _ in range(rng.randint(*words))]
     positive = rng.random() < 0.5
-    if positive:
-        for _ in range(mentions):
-            text.insert(rng.randint(1, len(text)), rng.choice(KEYWORDS))
+    inserted = KEYWORDS if positive else FILLER
+    for _ in range(mentions):
+        text.insert(rng.randint(1, len(text)), rng.choice(inserted))
     return {
         "id": f"{prefix}-{number}",
         "state": " ".join(text),

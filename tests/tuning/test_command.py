@@ -130,9 +130,10 @@ def test_calibrate_writes_a_calibration_the_engine_accepts(
     assert calibration.temperatures["noul"] == report["calibration"]["temperatures"]["noul"]
     assert calibration.fitted_on["cases"] == HOLDOUT_CASES
     assert report["calibration"]["no_wrong_answer"] == []  # the scalars tier stays near chance here
-    # A later run without --calibrate removes it: it belonged to the earlier head.
-    tune_in_process(tiny, train, out, *flags, holdout=holdout, cache_dir=cache)
+    # A later run without --calibrate (--force: DIR holds a head) moves it away: it fits the earlier head.
+    tune_in_process(tiny, train, out, *flags, holdout=holdout, cache_dir=cache, force=True)
     assert not (out / CALIBRATION_FILE).exists()
+    assert (out / "previous" / CALIBRATION_FILE).is_file()
     assert (out / REPORT_FILE).is_file()
 
 
@@ -144,11 +145,11 @@ def test_calibrate_warns_when_the_holdout_has_no_wrong_answer(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    train, holdout = billing_files
-    assert default_run.report["holdout"]["after"]["overall"]["accuracy"] == 1.0  # the defaults' run
+    train, _ = billing_files
     cache = Path(default_run.report["features"]["cache_dir"])
     capsys.readouterr()
-    report = tune_in_process(tiny, train, tmp_path / "head", holdout=holdout, cache_dir=cache, calibrate=True)
+    # The training cases held out as well: the epoch that fits them best answers every one of them right.
+    report = tune_in_process(tiny, train, tmp_path / "head", holdout=train, cache_dir=cache, calibrate=True)
     assert report["features"]["computed"] == 0  # the default run's features, read back
     assert report["holdout"]["after"]["overall"]["accuracy"] == 1.0
     assert report["calibration"]["no_wrong_answer"] == ["noul"]

@@ -20,3 +20,13 @@ def test_the_task_command_writes_three_readable_case_files(tmp_path: Path) -> No
         states.append({case.body["state"] for case in cases})
     assert not (states[0] & states[2]) and not (states[1] & states[2])
     assert main([]) == 2
+
+
+def test_positives_and_negatives_have_the_same_lengths(tmp_path: Path) -> None:
+    assert main([str(tmp_path / "task")]) == 0
+    lengths: dict[bool, set[int]] = {True: set(), False: set()}
+    for name in ("train.jsonl", "holdout.jsonl", "test.jsonl"):
+        for case in load_cases(tmp_path / "task" / name):
+            lengths[case.expected["billing"]].add(len(case.body["state"].split()))
+    # 4 to 8 filler words + 12 inserted words, keywords or filler: the length says nothing of the label.
+    assert lengths[True] == lengths[False] == set(range(16, 21))

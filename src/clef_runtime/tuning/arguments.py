@@ -36,6 +36,12 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="CASES", help="the labelled cases (JSON lines, as clef eval reads)")
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the tuned head")
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a DIR that already holds a head: the old head, its calibration and report are "
+        "first moved to DIR/previous/ (replacing what is there)",
+    )
+    parser.add_argument(
         "--holdout",
         metavar="F",
         help="held-out cases (a case file) for early stopping and the report; default: a seeded "

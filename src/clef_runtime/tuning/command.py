@@ -1,13 +1,16 @@
 """The ``clef tune`` command: cases -> features (cached) -> a trained head tier -> DIR.
 
 DIR receives ``joint_head.safetensors`` + ``joint_head_config.json`` (the release layout: ``--head DIR``
-serves it), ``tune_report.json``, ``calibration.json`` with ``--calibrate`` (a stale one from an earlier run
-is removed otherwise: the engine would apply it to the new head) and, unless ``--cache-dir`` says otherwise,
-the feature cache ``features/``.
+serves it), ``tune_report.json``, ``calibration.json`` with ``--calibrate`` and, unless ``--cache-dir`` says
+otherwise, the feature cache ``features/``; every file mode 0644. A DIR that already holds a head is refused
+before any model work unless ``--force``, which moves that head, its calibration and report to
+``DIR/previous/`` (replacing an older one there) just before the new head is written: a run that fails or is
+interrupted leaves DIR's head as it was.
 
 Exit status: 0 done; 1 the model could not be loaded or a file could not be read or written; 2 bad usage
 (a bad flag or value, invalid case lines, every one listed, cases the engine refuses, no scorable case,
-``--out`` naming a file).
+``--out`` naming a file or a directory holding a head without ``--force``); 130 interrupted (Ctrl-C), with
+what the feature cache kept.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -26,14 +30,18 @@ from typing import Any
 import numpy as np
 
 from clef_runtime.engine.calibration import Calibration
+from clef_runtime.engine.preparer import PreparedRequest
 from clef_runtime.evaluation.calibrate import fit_calibration
 from clef_runtime.evaluation.cases import Case, CaseFileError, CaseFileUnusable, load_cases
 from clef_runtime.evaluation.metrics import Outcome
 from clef_runtime.evaluation.runner import progress_bar
 from clef_runtime.options import MODEL_OPTION, EngineOptions, OptionsError, read_option_values
 from clef_runtime.protocol.errors import ClefError
+from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 from clef_runtime.tuning.arguments import DEFAULT_LR
 from clef_runtime.tuning.features import (
+    FILE_MODE,
+    FeatureStats,
     FeatureStore,
     RowFeatures,
     compute_features,
@@ -47,9 +55,11 @@ from clef_runtime.tuning.trainer import TrainSettings, TuningData, train_head
 
 __all__ = [
     "CALIBRATION_FILE",
+    "PREVIOUS_DIR",
     "REPORT_FILE",
     "TuneError",
     "TuneJob",
+    "check_out",
     "run_tune",
     "separable_types",
     "settings_from_args",
@@ -57,10 +67,18 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: The shell's status for a run ended by SIGINT (128 + 2), as `clef_runtime.cli.main` returns it.
+EXIT_INTERRUPTED = 130
 REPORT_FILE = "tune_report.json"
 #: What the engine loads from a head directory (`clef_runtime.engine.heads.HEAD_CALIBRATION_FILE`).
 CALIBRATION_FILE = "calibration.json"
 FEATURES_DIR = "features"
+#: Where ``--force`` keeps the head it replaces, inside DIR.
+PREVIOUS_DIR = "previous"
+#: Any one of these in DIR means DIR holds a head (a calibration alone belongs to a head that was there).
+HEAD_FILES = (HEAD_WEIGHTS_FILE, HEAD_CONFIG_FILE, CALIBRATION_FILE)
+#: What ``--force`` moves to DIR/previous/: the head and the files that describe it.
+PREVIOUS_FILES = (*HEAD_FILES, REPORT_FILE)
 
 
 class TuneError(Exception):
@@ -88,6 +106,7 @@ class TuneJob:
     feature_batch_size: int = 8
     calibrate: bool = False
     show_progress: bool = True
+    force: bool = False
 
 
 def _problem_lines(path: str, problems: Sequence[RowProblem]) -> list[str]:
@@ -129,12 +148,96 @@ def _features(store: FeatureStore, rows: Sequence[TuneRow]) -> list[RowFeatures]
 def _write_json(path: Path, data: Any) -> None:
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    staged.chmod(FILE_MODE)
     staged.replace(path)
+
+
+def _head_files(out: Path) -> list[str]:
+    return [name for name in HEAD_FILES if (out / name).exists()]
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuses an ``--out`` that is a file, or that holds a head unless ``force``: cheap, so it runs before
+    the model loads. Raises TuneError (usage)."""
+    if out.exists() and not out.is_dir():
+        raise TuneError(f"--out {out} is a file: name a directory (it is created if needed)", EXIT_USAGE)
+    found = _head_files(out) if out.is_dir() else []
+    if found and not force:
+        raise TuneError(
+            f"--out {out} already holds a head ({', '.join(found)}): pass --force to replace it (it is "
+            f"moved to {out / PREVIOUS_DIR}) or choose another directory",
+            EXIT_USAGE,
+        )
+
+
+def _keep_previous(out: Path) -> Path | None:
+    """Moves the head in ``out`` (and its calibration and report) to ``out/previous/``, replacing what an
+    earlier ``--force`` left there; the files are gathered in a staging folder first so that a failure leaves
+    either the old or the new ``previous/``, whole. Returns where they went, None when there was no head.
+    Raises OSError."""
+    if not _head_files(out):
+        return None
+    previous = out / PREVIOUS_DIR
+    staging = out / f".{PREVIOUS_DIR}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    for name in PREVIOUS_FILES:
+        if (out / name).exists():
+            (out / name).replace(staging / name)
+    if previous.exists():
+        shutil.rmtree(previous)
+    staging.replace(previous)
+    return previous
+
+
+def _starting_head(clef: Any) -> str | None:
+    """The directory of the starting head, None for the release's own head (`clef_runtime.engine.heads`)."""
+    path = clef.heads.default.path
+    return str(path) if path is not None else None
+
+
+def _interrupted(store: FeatureStore, rows: Sequence[TuneRow], out: Path) -> TuneError:
+    """What to say when Ctrl-C stops a run before DIR is written: how much of the feature pass is kept."""
+    layouts = {row.key: row.layout for row in rows}
+    kept = sum(store.has(key, layout) for key, layout in layouts.items())
+    return TuneError(
+        f"{kept} of {len(layouts)} rows' features are cached in {store.directory}; no head, report or "
+        f"calibration was written to --out {out}; run the same command again to continue",
+        EXIT_INTERRUPTED,
+    )
+
+
+def _feature_pass(
+    clef: Any,
+    job: TuneJob,
+    store: FeatureStore,
+    rows: Sequence[TuneRow],
+    prepared: dict[str, PreparedRequest],
+) -> FeatureStats:
+    """Makes sure the features of ``rows`` are in ``store`` (`compute_features`), with a progress bar."""
+    bar = progress_bar(len({row.key for row in rows}), "tune features") if job.show_progress else None
+    try:
+        return compute_features(
+            clef,
+            rows,
+            prepared,
+            store,
+            batch_size=job.feature_batch_size,
+            progress=bar.update if bar is not None else None,
+        )
+    except ClefError as error:
+        raise TuneError(f"the backbone refused a case: {error.message}", EXIT_FAILURE) from None
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
     """Runs one tuning job with a loaded `Clef` (its default head is the starting head) and writes DIR.
-    Returns the report. Raises `TuneError` (with its exit status) and OSError for files."""
+    Returns the report. Raises `TuneError` (with its exit status; `EXIT_INTERRUPTED` for Ctrl-C before DIR
+    is written) and OSError for files."""
+    check_out(job.out, job.force)
     started = time.perf_counter()
     fingerprint = model_fingerprint(clef)
     rows, prepared, problems = prepare_rows(clef.prepare, job.cases, lambda p: row_key(fingerprint, p))
@@ -160,41 +263,32 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
 
     store = FeatureStore(job.cache_dir or job.out / FEATURES_DIR)
     needed = train_rows + held_rows
-    bar = progress_bar(len({row.key for row in needed}), "tune features") if job.show_progress else None
-    try:
-        stats = compute_features(
-            clef,
-            needed,
-            prepared,
-            store,
-            batch_size=job.feature_batch_size,
-            progress=bar.update if bar is not None else None,
-        )
-    except ClefError as error:
-        raise TuneError(f"the backbone refused a case: {error.message}", EXIT_FAILURE) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    features_s = time.perf_counter() - started
-
     start_head = clef.head
     frozen = None if job.settings.tier == "full" else start_head
-    train = TuningData(train_rows, _features(store, train_rows), frozen_head=frozen)
-    holdout = TuningData(held_rows, _features(store, held_rows), frozen_head=frozen)
-    training_started = time.perf_counter()
-    bar = progress_bar(job.settings.epochs * len(train), "tune") if job.show_progress else None
-    try:
-        result = train_head(
-            start_head, train, holdout, job.settings, progress=bar.update if bar is not None else None
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    training_s = time.perf_counter() - training_started
+    try:  # nothing is written to DIR before training ends, but for the feature cache
+        stats = _feature_pass(clef, job, store, needed, prepared)
+        features_s = time.perf_counter() - started
+        train = TuningData(train_rows, _features(store, train_rows), frozen_head=frozen)
+        holdout = TuningData(held_rows, _features(store, held_rows), frozen_head=frozen)
+        training_started = time.perf_counter()
+        bar = progress_bar(job.settings.epochs * len(train), "tune") if job.show_progress else None
+        try:
+            result = train_head(
+                start_head, train, holdout, job.settings, progress=bar.update if bar is not None else None
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        training_s = time.perf_counter() - training_started
+    except KeyboardInterrupt:
+        raise _interrupted(store, needed, job.out) from None
 
     before, after = head_outcomes(start_head, holdout), head_outcomes(result.head, holdout)
     job.out.mkdir(parents=True, exist_ok=True)
+    previous = _keep_previous(job.out) if job.force else None
     result.head.save_files(job.out)
+    for name in (HEAD_WEIGHTS_FILE, HEAD_CONFIG_FILE):  # `save_files` leaves them at the umask's mode
+        (job.out / name).chmod(FILE_MODE)
     calibration_path = job.out / CALIBRATION_FILE
     calibration = None
     if job.calibrate:
@@ -228,9 +322,6 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
                 "will be near 0 or 1 on unseen cases too; give a larger --holdout, or drop --calibrate",
                 file=sys.stderr,
             )
-    elif calibration_path.exists():
-        calibration_path.unlink()
-        print(f"clef tune: removed {calibration_path}: it was fitted to an earlier head", file=sys.stderr)
 
     counts = {
         "train_cases": len({row.case_index for row in train_rows}),
@@ -261,6 +352,8 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
         },
         calibration=calibration,
         seed=job.settings.seed,
+        starting_head=_starting_head(clef),
+        previous=str(previous) if previous is not None else None,
     )
     _write_json(job.out / REPORT_FILE, report)
     return report
@@ -347,8 +440,7 @@ def run_tune(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise TuneError(f"--out {out} is a file: name a directory (it is created if needed)", EXIT_USAGE)
+        check_out(out, args.force)
         if args.cache_dir and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
             raise TuneError(f"--cache-dir {args.cache_dir} is a file", EXIT_USAGE)
         options = EngineOptions.from_sources(args, os.environ)
@@ -376,11 +468,18 @@ def run_tune(args: argparse.Namespace) -> int:
             cache_dir=Path(args.cache_dir) if args.cache_dir else None,
             feature_batch_size=args.feature_batch_size,
             calibrate=args.calibrate,
+            force=args.force,
         )
         report = tune(clef, job)
+    except KeyboardInterrupt:  # before the cases were prepared: nothing was computed or written
+        print("clef tune: interrupted: nothing was computed or written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TuneError as error:
         for line in error.lines:
             print(line, file=sys.stderr)
+        if error.status == EXIT_INTERRUPTED:
+            print(f"clef tune: interrupted: {error.message}", file=sys.stderr)
+            return error.status
         return _fail(error.message, error.status)
     except OSError as error:
         where = f" {error.filename}" if error.filename else ""

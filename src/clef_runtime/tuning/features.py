@@ -36,6 +36,7 @@ from clef_runtime.tuning.rows import TuneRow
 
 __all__ = [
     "FEATURE_FORMAT",
+    "FILE_MODE",
     "FeatureStats",
     "FeatureStore",
     "RowFeatures",
@@ -44,6 +45,9 @@ __all__ = [
     "row_key",
 ]
 
+#: The mode of every file `clef tune` writes (features, head, report), whatever the umask or the way the
+#: temporary file was made: a server running as another user must read them.
+FILE_MODE = 0o644
 #: Bump when what a feature file holds or how its key is made changes: old files then simply miss.
 FEATURE_FORMAT = 1
 
@@ -193,6 +197,7 @@ class FeatureStore:
                 str(staged),
                 metadata={"format": str(FEATURE_FORMAT), "key": key, "layout": _layout_json(features.layout)},
             )
+            staged.chmod(FILE_MODE)
             staged.replace(path)
         finally:
             staged.unlink(missing_ok=True)

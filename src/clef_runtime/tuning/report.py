@@ -15,7 +15,15 @@ from clef_runtime.model.head import JointSchemaHead
 from clef_runtime.tuning.statistics import mcnemar_exact, paired_bootstrap, sign_test, wilcoxon_signed_rank
 from clef_runtime.tuning.trainer import EVAL_ROWS, TrainResult, TuningData, row_logits
 
-__all__ = ["REPORT_VERSION", "build_report", "head_outcomes", "metrics_brief", "paired_tests", "text_summary"]
+__all__ = [
+    "REPORT_VERSION",
+    "build_report",
+    "head_outcomes",
+    "metrics_brief",
+    "paired_tests",
+    "starting_head_name",
+    "text_summary",
+]
 
 REPORT_VERSION = 1
 BRIEF_KEYS = ("n", "accuracy", "nll", "ece", "brier", "mce", "macro_f1", "mae")
@@ -102,11 +110,16 @@ def build_report(
     seconds: dict[str, float],
     calibration: dict[str, Any] | None,
     seed: int,
+    starting_head: str | None = None,
+    previous: str | None = None,
 ) -> dict[str, Any]:
-    """The ``tune_report.json`` object."""
+    """The ``tune_report.json`` object. ``starting_head``: the directory of the head tuning started from
+    (None: the release's own); ``previous``: where ``--force`` moved the head DIR held (None: none)."""
     return {
         "version": REPORT_VERSION,
         "model": model,
+        "starting_head": starting_head,
+        "previous_head": previous,
         "settings": settings,
         "trained_parameters": result.trained,
         "cases": counts,
@@ -155,10 +168,21 @@ def text_summary(report: dict[str, Any], out: str) -> str:
     )
     if report["best_epoch"] == 0:
         lines.append(
-            "note: no epoch beat the starting head on the holdout NLL: the head written is unchanged"
+            f"note: no epoch beat the starting head ({starting_head_name(report)}) on the holdout NLL: "
+            "the head written is the starting head, unchanged"
         )
     if report["calibration"] is not None:
         temperatures = report["calibration"]["temperatures"]
         lines.append("calibration: " + ", ".join(f"{k} {v:.3f}" for k, v in temperatures.items()))
+    if report.get("previous_head"):
+        lines.append(
+            f"moved the head {out} held (with its calibration and report) to {report['previous_head']}/"
+        )
     lines.append(f"wrote {out}")
     return "\n".join(lines)
+
+
+def starting_head_name(report: dict[str, Any]) -> str:
+    """What the head tuning started from was, in words: the release's or a ``--head DIR``."""
+    where = report.get("starting_head")
+    return f"the head in {where}" if where else f"the release head of {report['model']}"
