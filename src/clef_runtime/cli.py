@@ -1,4 +1,5 @@
-"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, tune, compare, jobs.
+"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, tune, compare, jobs,
+heads.
 
 Invalid input exits with status 2 and one line on stderr naming the field (an unknown flag names the flag
 and the closest known one); heavy imports (torch) happen only in the subcommands that need them.
@@ -397,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_jobs_arguments(jobs)
     jobs.set_defaults(func=_deferred("clef_runtime.jobs.client", "run_jobs"))
+
+    heads = sub.add_parser(
+        "heads", help="list the heads a server answers with; load and unload them (/v1/heads)"
+    )
+    from clef_runtime.jobs.heads_client import add_heads_arguments
+
+    add_heads_arguments(heads)
+    heads.set_defaults(func=_deferred("clef_runtime.jobs.heads_client", "run_heads"))
 
     from clef_runtime.bench import add_bench_arguments
     from clef_runtime.evaluation.arguments import (

@@ -1,7 +1,7 @@
 """``clef jobs submit | status | results | cancel | list``: a small client of a server's /v1/jobs routes.
 
 Standard library only (urllib), so the command needs nothing beyond the package. Errors come back as
-:class:`JobsClientError` with the server's message; the CLI prints one line and exits 2 (bad input) or 1.
+:class:`ServerClientError` with the server's message; the CLI prints one line and exits 2 (bad input) or 1.
 """
 
 from __future__ import annotations
@@ -16,31 +16,47 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "format_job", "format_job_list", "run_jobs"]
+__all__ = [
+    "DEFAULT_URL",
+    "JobsClient",
+    "ServerClient",
+    "ServerClientError",
+    "add_api_key_argument",
+    "add_jobs_arguments",
+    "add_url_argument",
+    "format_job",
+    "format_job_list",
+    "run_jobs",
+    "server_url",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8094"
 
 
-class JobsClientError(Exception):
-    """A request failed: ``status`` (0 when the server could not be reached) and the server's message."""
+class ServerClientError(Exception):
+    """A request failed: ``status`` (0 when the server could not be reached), the server's message, and the
+    body it answered with (empty without an answer), for a command that words the error its own way."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, body: bytes = b"") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.body = body
 
 
-class JobsClient:
-    """Calls one server's job routes."""
+class ServerClient:
+    """Calls one server's routes with an optional bearer key (the HTTP helper of ``clef jobs`` and ``clef
+    heads``)."""
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
 
-    def _call(
+    def call(
         self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:
+        """(status, body) of a 2xx answer; anything else raises `ServerClientError`."""
         request = urllib.request.Request(self.url + path, data=body, method=method)
         if self.api_key:
             request.add_header("Authorization", f"Bearer {self.api_key}")
@@ -50,10 +66,15 @@ class JobsClient:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
-            raise JobsClientError(exc.code, _message(exc.read())) from None
+            data = exc.read()
+            raise ServerClientError(exc.code, _message(data), data) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise JobsClientError(0, f"cannot reach {self.url}: {reason}") from None
+            raise ServerClientError(0, f"cannot reach {self.url}: {reason}") from None
+
+
+class JobsClient(ServerClient):
+    """Calls one server's job routes."""
 
     def submit(
         self, body: bytes, *, idempotency_key: str | None = None, skip_invalid: bool = False
@@ -63,27 +84,27 @@ class JobsClient:
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
         query = "?skip_invalid=true" if skip_invalid else ""
-        _, data = self._call("POST", "/v1/jobs" + query, body, headers)
+        _, data = self.call("POST", "/v1/jobs" + query, body, headers)
         result: dict[str, Any] = json.loads(data)
         return result
 
     def status(self, job_id: str) -> dict[str, Any]:
         """GET /v1/jobs/{id}."""
-        result: dict[str, Any] = json.loads(self._call("GET", f"/v1/jobs/{job_id}")[1])
+        result: dict[str, Any] = json.loads(self.call("GET", f"/v1/jobs/{job_id}")[1])
         return result
 
     def results(self, job_id: str) -> bytes:
         """GET /v1/jobs/{id}/results: the JSONL of the finished lines."""
-        return self._call("GET", f"/v1/jobs/{job_id}/results")[1]
+        return self.call("GET", f"/v1/jobs/{job_id}/results")[1]
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """DELETE /v1/jobs/{id}."""
-        result: dict[str, Any] = json.loads(self._call("DELETE", f"/v1/jobs/{job_id}")[1])
+        result: dict[str, Any] = json.loads(self.call("DELETE", f"/v1/jobs/{job_id}")[1])
         return result
 
     def list(self, limit: int = 20) -> dict[str, Any]:
         """GET /v1/jobs."""
-        result: dict[str, Any] = json.loads(self._call("GET", f"/v1/jobs?limit={limit}")[1])
+        result: dict[str, Any] = json.loads(self.call("GET", f"/v1/jobs?limit={limit}")[1])
         return result
 
 
@@ -106,22 +127,36 @@ def _message(data: bytes) -> str:
     return json.dumps(body)[:500]
 
 
-def _connection_arguments(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
-    """``--url`` and ``--api-key``, accepted before the subcommand and after it (a subcommand's copy has no
-    default, so it never hides a value given before the subcommand)."""
-    default = argparse.SUPPRESS if after_subcommand else None
+def add_url_argument(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
+    """``--url``; a subcommand's copy (``after_subcommand``) has no default, so it never hides a value given
+    before the subcommand."""
     parser.add_argument(
         "--url",
-        default=default,
+        default=argparse.SUPPRESS if after_subcommand else None,
         metavar="URL",
         help=f"the server (default $CLEF_URL, else {DEFAULT_URL}) [env CLEF_URL]",
     )
+
+
+def add_api_key_argument(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
+    """``--api-key``, as `add_url_argument` places it."""
     parser.add_argument(
         "--api-key",
-        default=default,
+        default=argparse.SUPPRESS if after_subcommand else None,
         metavar="KEY",
         help="API key (default $CLEF_API_KEY; prefer the variable) [env CLEF_API_KEY]",
     )
+
+
+def server_url(args: argparse.Namespace) -> str:
+    """The server a client command calls: ``--url``, else ``$CLEF_URL``, else the default port here."""
+    return str(args.url or os.environ.get("CLEF_URL") or DEFAULT_URL)
+
+
+def _connection_arguments(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
+    """``--url`` and ``--api-key``, accepted before the subcommand and after it."""
+    add_url_argument(parser, after_subcommand=after_subcommand)
+    add_api_key_argument(parser, after_subcommand=after_subcommand)
 
 
 def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,8 +279,7 @@ def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
 
 def run_jobs(args: argparse.Namespace) -> int:
     """Entry point of ``clef jobs``. Returns 0, 1 (server or network failure) or 2 (bad input)."""
-    url = args.url or os.environ.get("CLEF_URL") or DEFAULT_URL
-    client = JobsClient(url, args.api_key or os.environ.get("CLEF_API_KEY"))
+    client = JobsClient(server_url(args), args.api_key or os.environ.get("CLEF_API_KEY"))
     try:
         if args.jobs_command == "submit":
             try:
@@ -278,7 +312,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 return 2
             listing = client.list(args.limit)
             print(json.dumps(listing) if args.json else format_job_list(listing))
-    except JobsClientError as exc:
+    except ServerClientError as exc:
         print(f"error: {exc.message}" + (f" (HTTP {exc.status})" if exc.status else ""), file=sys.stderr)
         return 2 if exc.status in (400, 404, 409, 413, 415, 422) else 1
     return 0
