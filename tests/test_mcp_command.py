@@ -26,6 +26,7 @@ from clef_runtime.options import ENGINE_OPTIONS
 from clef_runtime.server.mcp_tool import DECIDE_TOOL
 from tests.helpers import run_cli, run_cli_process
 from tests.server.test_classifiers_mcp import named_tools_match
+from tests.server.test_mcp import INITIALIZE
 from tests.test_options import subcommand_flags
 
 REQUEST: dict[str, Any] = {
@@ -80,18 +81,7 @@ def test_a_bad_engine_option_is_a_usage_error_before_serving(monkeypatch: pytest
     assert "--weights" in done.stderr
 
 
-INITIALIZE_LINE = json.dumps(
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-)
+INITIALIZE_LINE = json.dumps(INITIALIZE)
 
 
 def _bad_option(case: str, tmp_path: Path) -> tuple[list[str], str]:

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from clef_runtime.engine.clef import Clef
 from clef_runtime.server.openapi_docs import RESPONSES_EXAMPLES
 from tests.live_server import Live, first_max, systemone
+from tests.protocol.test_openai_responses import CALL_EVENTS, MESSAGE_EVENTS
 from tests.readme_snippets import python_snippets, run_snippet
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeClef
@@ -347,19 +348,6 @@ def test_bad_requests_are_openai_errors_naming_the_field(sdk: openai.OpenAI) -> 
     assert error.param == "input[0].content[1]" and error.code == "image_url_not_allowed"
 
 
-STREAMED_MESSAGE = [
-    "response.created",
-    "response.in_progress",
-    "response.output_item.added",
-    "response.content_part.added",
-    "response.output_text.delta",
-    "response.output_text.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "response.completed",
-]
-
-
 @pytest.mark.slow
 def test_responses_stream_parses_to_the_unstreamed_answer(sdk: openai.OpenAI) -> None:
     plain = sdk.responses.parse(model="tiny", instructions=SYSTEM, input=USER, text_format=Ticket)
@@ -374,8 +362,8 @@ def test_responses_stream_parses_to_the_unstreamed_answer(sdk: openai.OpenAI) ->
 @pytest.mark.slow
 def test_create_with_stream_sends_the_events_in_order_with_usage_last(sdk: openai.OpenAI) -> None:
     events = list(sdk.responses.create(model="tiny", input=USER, text=TEXT_FORMAT, stream=True))  # type: ignore[arg-type]
-    assert [event.type for event in events] == STREAMED_MESSAGE
-    assert [event.sequence_number for event in events] == list(range(len(STREAMED_MESSAGE)))
+    assert [event.type for event in events] == MESSAGE_EVENTS
+    assert [event.sequence_number for event in events] == list(range(len(MESSAGE_EVENTS)))
     completed = events[-1]
     assert completed.type == "response.completed" and completed.response.status == "completed"
     assert completed.response.usage is not None and completed.response.usage.input_tokens > 0
@@ -396,15 +384,7 @@ def test_a_forced_function_tool_streams_its_arguments_whole(sdk: openai.OpenAI, 
     with sdk.responses.stream(**request) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
-    assert kinds == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
+    assert kinds == CALL_EVENTS
     (call,) = final.output
     assert call.type == "function_call" and call.name == "Ticket"
     assert isinstance(call.parsed_arguments, Ticket)  # type: ignore[union-attr]

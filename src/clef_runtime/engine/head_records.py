@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -113,15 +113,7 @@ class HeadInfo:
     @classmethod
     def from_api(cls, card: Mapping[str, Any]) -> HeadInfo:
         """The record back from `as_api` (a Ray replica's report)."""
-        return cls(
-            name=card["name"],
-            digest=card["digest"],
-            default=card["default"],
-            source=card["source"],
-            path=card["path"],
-            calibration=card["calibration"],
-            loaded_at=card["loaded_at"],
-        )
+        return cls(**{field.name: card[field.name] for field in fields(cls)})
 
 
 class HeadError(ClefError):
