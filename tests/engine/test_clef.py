@@ -45,8 +45,9 @@ def clef() -> Clef:
 
 
 def check_response(request: dict[str, Any], response: dict[str, Any], input_tokens: int) -> None:
-    assert set(response) == {"model", "answers", "usage", "x_state_cache"}
+    assert set(response) == {"model", "answers", "usage", "x_state_cache", "x_head"}
     assert response["model"] == request.get("model", "tiny")
+    assert response["x_head"]["name"] == "tiny"  # the default head answers any model name
     cached = response["usage"]["input_tokens_details"]["cached_tokens"]
     assert response["usage"] == {
         "input_tokens": input_tokens,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from clef_runtime.engine.decision import CacheReport, Decision, RequestTimings
+from clef_runtime.engine.head_records import HeadIdentity
 
 ANSWERS = {"q": {"type": "noul", "noul": 0.25}}
 
@@ -28,4 +29,10 @@ def test_a_deterministic_body_leaves_the_cache_report_out() -> None:
 
 def test_timings_and_probabilities_stay_out_of_the_body() -> None:
     decision = Decision("m", ANSWERS, 5, timings=RequestTimings(1, 2, 3, 4), probabilities=[[0.25, 0.75]])
-    assert set(decision.body()) == {"model", "answers", "usage", "x_state_cache"}
+    assert set(decision.body()) == {"model", "answers", "usage", "x_state_cache"}  # no head: no x_head
+
+
+def test_the_body_names_the_head_that_answered() -> None:
+    decision = Decision("jev-latest", ANSWERS, 5, head=HeadIdentity("tiny", "ab" * 32))
+    assert decision.body()["x_head"] == {"name": "tiny", "digest": "ab" * 32}
+    assert decision.body(deterministic=True)["x_head"] == decision.body()["x_head"]  # a digest is stable

@@ -193,8 +193,8 @@ def _keep_previous(out: Path) -> Path | None:
 
 def _starting_head(clef: Any) -> str | None:
     """The directory of the starting head, None for the release's own head (`clef_runtime.engine.heads`)."""
-    path = clef.heads.default.path
-    return str(path) if path is not None else None
+    default = clef.heads.default
+    return None if default.source == "release" else str(default.path)
 
 
 def _interrupted(store: FeatureStore, rows: Sequence[TuneRow], out: Path) -> TuneError:
