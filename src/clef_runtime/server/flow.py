@@ -76,6 +76,20 @@ SYSTEMONE: WireMapping[None] = WireMapping(to_systemone=_unchanged, from_systemo
 """``/v1/systemone``: the body is a System One request already."""
 
 
+HEAD_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {
+        **ERROR_RESPONSES[401],
+        "description": "`model` names a head unloaded at run time, or pins one (`x_head_digest`) that is not "
+        "served (`head_not_loaded`); with --strict-model-names, a name no head has (`model_not_found`)",
+    },
+    409: {
+        **ERROR_RESPONSES[401],
+        "description": "The head `model` names has another digest than `x_head_digest` pins (`head_changed`)",
+    },
+}
+"""The errors of a request's head (`clef_runtime.engine.head_records`), on every decision route."""
+
+
 def decision_route_doc(
     request_body: dict[str, Any], response_model: type, response_description: str, description: str
 ) -> dict[str, Any]:
@@ -84,7 +98,11 @@ def decision_route_doc(
     response, every error and the operation's description."""
     return {
         "response_model": None,
-        "responses": {200: {"model": response_model, "description": response_description}, **ERROR_RESPONSES},
+        "responses": {
+            200: {"model": response_model, "description": response_description},
+            **ERROR_RESPONSES,
+            **HEAD_ERROR_RESPONSES,
+        },
         "description": description,
         "openapi_extra": request_body,
     }

@@ -356,7 +356,21 @@ _DECIDE_DOC = decision_route_doc(
     '"state"]`, `["body", "images", 0]`); sending `questions` or `model` is a 422 (they are the '
     "classifier's). Rate limits, queueing, caching and headers are the System One route's.",
 )
-_DECIDE_DOC["responses"][404] = _ERRORS[404]
+_DECIDE_DOC["responses"][404] = {
+    **_ERRORS[404],
+    "description": "No classifier of that name for this API key (or its head was unloaded as it was "
+    "admitted)",
+}
+_DECIDE_DOC["responses"][409] = {
+    **_ERRORS[404],
+    "description": "`head_changed`: the head served under the classifier's head name is not the one it was "
+    "saved with (its digest differs, or none was recorded); PUT it again to accept the head served now",
+}
+_DECIDE_DOC["responses"][503] = {
+    **ERROR_RESPONSES[503],
+    "description": "`head_not_loaded`: the classifier's head is not served; or the model is loading, the "
+    "server is shutting down or the request waited past --queue-timeout-ms (see Retry-After)",
+}
 
 
 @router.post(
