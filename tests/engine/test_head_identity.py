@@ -185,3 +185,18 @@ def test_loading_a_head_never_waits_for_the_model(engine: Clef, head_dir: Path) 
         worker.join(60)
         assert not worker.is_alive() and loaded, "load_head waited for the model lock"
     engine.unload_head("ident-lockfree")
+
+
+def test_an_encoded_record_is_answered_by_the_head_its_request_names_or_refused(
+    tiny: Clef, engine: Clef, head_dir: Path
+) -> None:
+    """The ``(request, EncodedRecord)`` form of `decide_encoded` resolves its head as `prepare` does."""
+    engine.load_head("ident-tuple", head_dir)
+    named = engine.parse(request(model="ident-tuple"))
+    record = engine.encode(request(model="ident-tuple"))
+    (decision,) = engine.decide_encoded([(named, record)])
+    assert decision.head is not None and decision.head.name == "ident-tuple"
+    assert_close(decision.probabilities or [], reference_probabilities(tiny, head_dir, request()))
+    engine.unload_head("ident-tuple")
+    with pytest.raises(HeadNotLoadedError):
+        engine.decide_encoded([(named, record)])

@@ -32,7 +32,7 @@ from clef_runtime.engine.calibration import Calibration, CalibrationError
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError
-from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_specs, load_head
+from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, check_head_specs, load_head
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
 from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
@@ -246,9 +246,10 @@ class Clef:
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
         calibration = Calibration.load(opts.calibration) if opts.calibration else None
-        check_head_specs(parse_head_specs(opts.head))  # a wrong --head fails before the slow part
+        head_specs = parse_head_specs(opts.head)
+        check_head_specs(head_specs)  # a wrong --head fails before the slow part
         resolved = resolve_model(model)
-        check_head_specs(parse_head_specs(opts.head), resolved.name)  # and one named as the model
+        check_head_names(head_specs, resolved.name)  # and one named as the model
         if resolved.is_tiny:
             logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
         info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
@@ -547,8 +548,7 @@ class Clef:
 
     # ------------------------------------------------------------------------------------------ internals
 
-    @staticmethod
-    def _as_prepared(item: Any) -> Prepared:
+    def _as_prepared(self, item: Any) -> Prepared:
         if isinstance(item, PreparedRequest | IndependentRequest):
             return item
         if isinstance(item, tuple) and len(item) == 2:
@@ -557,7 +557,9 @@ class Clef:
                 return record
             if isinstance(record, EncodedRecord):
                 # PreparedRequest checks that a record with image blocks does not come without its images.
-                return PreparedRequest(request=request, record=record)
+                # The head is resolved here, as `prepare` resolves it: an unloaded name is refused, never
+                # answered by the default head.
+                return PreparedRequest(request=request, record=record, head=self._resolve_head(request))
         raise TypeError(
             f"decide_encoded items are PreparedRequest or (request, EncodedRecord) tuples, got {type(item)}"
         )

@@ -46,7 +46,14 @@ from clef_runtime.model.head import HeadLoadError, JointSchemaHead, read_head_co
 from clef_runtime.options import HeadSpec, OptionsError
 from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 
-__all__ = ["HEAD_CALIBRATION_FILE", "HeadSet", "ServedHead", "check_head_specs", "load_head"]
+__all__ = [
+    "HEAD_CALIBRATION_FILE",
+    "HeadSet",
+    "ServedHead",
+    "check_head_names",
+    "check_head_specs",
+    "load_head",
+]
 
 #: The calibration a head directory may carry (``clef tune --calibrate`` writes it).
 HEAD_CALIBRATION_FILE = "calibration.json"
@@ -110,7 +117,7 @@ class HeadSet:
 
         Raises `OptionsError` naming ``--head`` and the file for a head that cannot be loaded (missing or
         malformed files, a ``hidden_size`` that is not the backbone's, a bad calibration)."""
-        check_head_specs(specs, model_name)
+        check_head_names(specs, model_name)
         default = ServedHead(
             name=model_name,
             head=release_head,
@@ -248,17 +255,21 @@ def _where(spec: HeadSpec) -> str:
     return f"--head {spec.name + '=' if spec.name else ''}{spec.path}"
 
 
-def check_head_specs(specs: Sequence[HeadSpec], model_name: str | None = None) -> None:
-    """Cheap checks before a model loads: each head's name (not the model's own: that name is the release
-    head's) and its directory, config, weights file and calibration. Raises `OptionsError` naming the
-    ``--head`` value and the file."""
+def check_head_names(specs: Sequence[HeadSpec], model_name: str) -> None:
+    """Refuse a ``--head`` named as the model: that name is the release head's. Raises `OptionsError`."""
+    for spec in specs:
+        if spec.name == model_name:
+            raise OptionsError(
+                f"{_where(spec)}: {model_name!r} is the model's own name (it picks the release head); give "
+                "the tuned head another name"
+            )
+
+
+def check_head_specs(specs: Sequence[HeadSpec]) -> None:
+    """Cheap checks before a model loads: each head's directory, config, weights file and calibration.
+    Raises `OptionsError` naming the ``--head`` value and the file."""
     for spec in specs:
         where = _where(spec)
-        if model_name is not None and spec.name == model_name:
-            raise OptionsError(
-                f"{where}: {model_name!r} is the model's own name (it picks the release head); give the "
-                "tuned head another name"
-            )
         if not spec.path.is_dir():
             raise OptionsError(f"{where}: not a directory")
         try:
