@@ -1,5 +1,5 @@
 """A live loopback server around a real engine (uvicorn in a thread), for the tests that drive a client
-library against it: tests/server/test_openai_client.py and the client suites in tests/clients/.
+library against it: tests/server/openai/test_openai_client.py and the client suites in tests/clients/.
 
 The server records every HTTP exchange (request body, status, response body) in ``Live.exchanges``, so a
 test can see exactly what a library sent and what it got back, and compare the decision with the equivalent

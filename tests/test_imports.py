@@ -41,6 +41,7 @@ RANKS = {
     "scale": 7,
     "cli": 8,
     "serve_command": 8,
+    "mcp_command": 8,
     "bench": 8,
     "": 8,
 }
@@ -132,7 +133,7 @@ def test_the_graph_sees_the_package() -> None:
     # Guards the parser: a graph without the known edges would make every other test pass vacuously.
     assert "clef_runtime.engine.clef" in GRAPH
     assert "clef_runtime.model.backbone" in GRAPH["clef_runtime.engine.clef"]
-    assert "clef_runtime.protocol.systemone" in GRAPH["clef_runtime.server.routes_systemone"]
+    assert "clef_runtime.protocol.systemone" in GRAPH["clef_runtime.server.routes.systemone"]
     # A function-level import is an edge too.
     assert "clef_runtime.engine.clef" in GRAPH["clef_runtime.server.runtime"]
 
@@ -187,6 +188,62 @@ def test_only_the_cli_imports_tuning() -> None:
         m for m, edges in GRAPH.items() for n in edges if _layer(n) == "tuning" and _layer(m) != "tuning"
     }
     assert importers == {"clef_runtime.cli"}
+
+
+# Inside server/: a flat HTTP core (the modules directly in server/) below feature packages (its folders).
+# app.py assembles the features (the composition root): the only core module that may name one.
+SERVER = "clef_runtime.server"
+SERVER_ASSEMBLY = "clef_runtime.server.app"
+# MCP's classifier tools (classify_<name>) decide through the saved classifiers: the one feature that
+# reaches into another.
+FEATURE_EXCEPTIONS = {("mcp", "classifiers")}
+
+
+def _server_feature(module: str) -> str | None:
+    """The feature package of a server module (``routes``, ``openai``, ...), or None for the core."""
+    parts = module.split(".")
+    if parts[:2] != ["clef_runtime", "server"] or len(parts) < 4:
+        return None
+    return parts[2] if (ROOT / "server" / parts[2]).is_dir() else None
+
+
+def _server_rule_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    breaks = []
+    for module, edges in graph.items():
+        if not module.startswith(SERVER + ".") and module != SERVER:
+            continue
+        own = _server_feature(module)
+        for name in edges:
+            other = _server_feature(name)
+            if other is None or other == own:
+                continue
+            if own is None and module != SERVER_ASSEMBLY:
+                breaks.append((module, name))  # the core names a feature
+            elif own is not None and (own, other) not in FEATURE_EXCEPTIONS:
+                breaks.append((module, name))  # a feature names another
+    return sorted(breaks)
+
+
+def test_server_features_are_packages_over_a_flat_core() -> None:
+    features = {feature for name in MODULES if (feature := _server_feature(name)) is not None}
+    assert features == {"routes", "openai", "mcp", "classifiers", "jobs", "pages"}
+    # The scan sees the assembly and a feature's use of the core.
+    assert "clef_runtime.server.routes.systemone" in GRAPH[SERVER_ASSEMBLY]
+    assert "clef_runtime.server.flow" in GRAPH["clef_runtime.server.routes.systemone"]
+
+
+def test_the_server_core_never_imports_a_feature_and_features_not_each_other() -> None:
+    assert not _server_rule_breaks(GRAPH)
+
+
+def test_the_server_rule_refuses_a_core_or_cross_feature_import() -> None:
+    wrong = {name: set(edges) for name, edges in GRAPH.items()}
+    wrong["clef_runtime.server.flow"].add("clef_runtime.server.openai.chat")
+    wrong["clef_runtime.server.jobs.routes"].add("clef_runtime.server.pages.routes")
+    assert _server_rule_breaks(wrong) == [
+        ("clef_runtime.server.flow", "clef_runtime.server.openai.chat"),
+        ("clef_runtime.server.jobs.routes", "clef_runtime.server.pages.routes"),
+    ]
 
 
 def test_every_module_has_a_layer() -> None:

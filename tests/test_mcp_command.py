@@ -23,10 +23,10 @@ from mcp.client.stdio import stdio_client
 
 from clef_runtime.engine.clef import Clef
 from clef_runtime.options import ENGINE_OPTIONS
-from clef_runtime.server.mcp_tool import DECIDE_TOOL
+from clef_runtime.server.mcp.tool import DECIDE_TOOL
 from tests.helpers import run_cli, run_cli_process
-from tests.server.test_classifiers_mcp import named_tools_match
-from tests.server.test_mcp import INITIALIZE
+from tests.server.mcp.test_classifiers_mcp import named_tools_match
+from tests.server.mcp.test_mcp import INITIALIZE
 from tests.test_options import subcommand_flags
 
 REQUEST: dict[str, Any] = {
@@ -49,9 +49,9 @@ def test_clef_mcp_takes_every_engine_option() -> None:
 
 def test_engine_flags_and_variables_reach_the_loaded_model(monkeypatch: pytest.MonkeyPatch) -> None:
     import clef_runtime.model.kernels as kernels
+    from clef_runtime import mcp_command as mcp_stdio
     from clef_runtime.engine import clef as engine_clef
     from clef_runtime.options import EngineOptions
-    from clef_runtime.server import mcp_stdio
 
     threads: list[dict[str, Any]] = []
     loads: list[tuple[str, EngineOptions]] = []
@@ -71,7 +71,7 @@ def test_engine_flags_and_variables_reach_the_loaded_model(monkeypatch: pytest.M
 
 def test_a_bad_engine_option_is_a_usage_error_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     import clef_runtime.model.kernels as kernels
-    from clef_runtime.server import mcp_stdio
+    from clef_runtime import mcp_command as mcp_stdio
 
     monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: 2)
     monkeypatch.setattr(mcp_stdio, "serve_stdio", lambda load: pytest.fail("served despite a bad option"))
@@ -101,7 +101,7 @@ def test_an_option_the_load_would_refuse_is_a_usage_error_before_serving(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
 ) -> None:
     import clef_runtime.model.kernels as kernels
-    from clef_runtime.server import mcp_stdio
+    from clef_runtime import mcp_command as mcp_stdio
 
     monkeypatch.setattr(kernels, "configure_cpu_threads", lambda *a, **k: 2)
     monkeypatch.setattr(mcp_stdio, "serve_stdio", lambda load: pytest.fail("served despite a bad option"))

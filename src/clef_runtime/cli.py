@@ -302,7 +302,7 @@ def _check_before_serving(options: EngineOptions) -> None:
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    from clef_runtime.server.mcp_stdio import serve_stdio
+    from clef_runtime.mcp_command import serve_stdio
 
     # A bad option is a usage error now (exit 2, nothing on stdout), not a failed load once the agent is
     # connected.

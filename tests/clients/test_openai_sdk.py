@@ -1,6 +1,6 @@
 """The official ``openai`` SDK's function tools and its Responses API against the live server, the answers
 compared with the equivalent /v1/systemone request (``response_format`` is in
-tests/server/test_openai_client.py): ``openai.pydantic_function_tool`` (strict) with every kind of
+tests/server/openai/test_openai_client.py): ``openai.pydantic_function_tool`` (strict) with every kind of
 ``tool_choice``, a streamed tool call (``chat.completions.stream`` and ``stream=True``),
 ``responses.parse(text_format=...)``, ``responses.create`` with a raw json_schema ``text.format``, and a
 function tool on the Responses API."""

@@ -1,7 +1,7 @@
 """Determinism on the tiny model at CI size (tests/reliability/determinism.py; the 200-request figures
 are in RELIABILITY.md): batched vs alone and cache hit vs cold agree to float rounding, and a request
 answered alone twice gives identical bytes. Server-level ``--deterministic`` bytes are tested in
-tests/server/test_concurrency.py and tests/server/test_conformance.py."""
+tests/server/test_concurrency.py and tests/server/routes/test_conformance.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Faults the server must survive, beyond tests/server/test_live.py (client disconnects, SIGTERM) and
-tests/server/test_conformance.py (the same on the tiny model):
+tests/server/routes/test_conformance.py (the same on the tiny model):
 
 * a worker exception in one request of a batch: that request gets 500 naming its request id, its batch
   mates are retried alone and answered with their own answers;

@@ -25,7 +25,7 @@ from schemathesis import GenerationMode
 
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeClef
-from tests.server.test_conformance import ServerProcess, start_server, stop_server
+from tests.server.routes.test_conformance import ServerProcess, start_server, stop_server
 
 
 @schemathesis.serializer("application/jsonl")
@@ -53,7 +53,7 @@ def fuzz_every_operation(base_url: str, max_examples: int) -> set[str]:
         paths.add(operation.path)
         # A GET without parameters has no invalid form: negative generation only for the POST bodies.
         # A JSONL body (job submission) is bytes on the wire: a "non-string" cannot be sent, so it has no
-        # negative form either (its bad lines are tested in tests/server/test_jobs_api.py).
+        # negative form either (its bad lines are tested in tests/server/jobs/test_jobs_api.py).
         has_body = operation.method.upper() == "POST"
         jsonl = "application/jsonl" in str(operation.definition.raw.get("requestBody", {}))
         modes = (

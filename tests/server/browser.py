@@ -1,7 +1,7 @@
 """Browser-test support: Debian's Chromium (installed with apt when missing and we are root, never a
 browser download), Playwright launched on it, and a tiny-model server on a loopback port in a thread.
 
-Used by tests/server/test_pages_browser.py and scripts/screenshots.py.
+Used by tests/server/pages/test_pages_browser.py and scripts/screenshots.py.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 # The bad-input battery: malformed JSON bodies, and wrong types at every level with the location the 422
-# must name (also sent to a real server by tests/server/test_conformance.py).
+# must name (also sent to a real server by tests/server/routes/test_conformance.py).
 MALFORMED = [
     b"",
     b"   ",

@@ -91,7 +91,7 @@ def test_the_real_engines_set_every_attribute(engine_class: type) -> None:
 def _engine_members_used_by_the_server() -> set[str]:
     """Attribute names read on any variable called ``engine`` (or ``self._engine``) in server/."""
     used: set[str] = set()
-    for path in Path(server_package.__file__).parent.glob("*.py"):
+    for path in Path(server_package.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute):
                 target = node.value
@@ -112,7 +112,7 @@ def _dynamic_lookups_in_the_server() -> list[str]:
     """``getattr`` / ``hasattr`` calls in server/ on an engine (an object whose expression names one), as
     ``file:line``."""
     found = []
-    for path in sorted(Path(server_package.__file__).parent.glob("*.py")):
+    for path in sorted(Path(server_package.__file__).parent.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (
                 isinstance(node, ast.Call)

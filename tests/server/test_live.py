@@ -1,5 +1,5 @@
 """Behaviour that needs a real socket: client disconnects, and SIGTERM on a real server process, both with
-the fake engine (tests/server/test_conformance.py repeats the process tests with the tiny model)."""
+the fake engine (tests/server/routes/test_conformance.py repeats the process tests with the tiny model)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from clef_runtime.protocol.images import extract_images
-from clef_runtime.server.openapi_docs import (
-    CHAT_EXAMPLES,
-    DECISIONS_EXAMPLES,
-    SYSTEMONE_EXAMPLES,
-    WORKERS_AI_EXAMPLES,
-)
+from clef_runtime.server.openai.docs import CHAT_EXAMPLES
+from clef_runtime.server.routes.decisions import DECISIONS_EXAMPLES
+from clef_runtime.server.routes.systemone import SYSTEMONE_EXAMPLES
+from clef_runtime.server.routes.workers_ai import WORKERS_AI_EXAMPLES
 
 
 def _operations(client: TestClient) -> list[tuple[str, str, dict[str, Any]]]:

@@ -28,8 +28,10 @@ from starlette.responses import Response
 from clef_runtime.engine.head_records import HeadChangedError, HeadError, HeadNotLoadedError, HeadRefusedError
 from clef_runtime.protocol.errors import ErrorItem, InputTooLongError, RequestValidationError
 from clef_runtime.protocol.plain_errors import plain_message
+from clef_runtime.server.context import context_of
 
 __all__ = [
+    "ERROR_RESPONSES",
     "ApiError",
     "ClientGone",
     "ErrorShaper",
@@ -200,14 +202,14 @@ def shaped_errors_route(shaper: ErrorShaper) -> type[APIRoute]:
                 except Exception as exc:
                     error = as_api_error(exc)
                     if error is None:
-                        request_id = getattr(request.state, "request_id", "?")
+                        request_id = context_of(request).request_id
                         logger.exception("request_id=%s internal error", request_id)
                         error = ApiError(
                             500,
                             "internal_error",
                             f"internal server error; quote request id {request_id} when reporting it",
                         )
-                    request.state.error_type = error.error_type
+                    context_of(request).error_type = error.error_type
                     return shaper(error)
 
             return shaped
@@ -266,3 +268,60 @@ def install_error_handlers(app: FastAPI, path_shaper: PathShaper | None = None) 
         return head_error(exc).response()
 
     app.add_exception_handler(HeadError, handle_head_error)
+
+
+def _error_doc(description: str) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "properties": {
+            "detail": {
+                "type": "object",
+                "properties": {"error_type": {"type": "string"}, "message": {"type": "string"}},
+                "required": ["error_type", "message"],
+            }
+        },
+    }
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_VALIDATION_DOC = {
+    "description": "Validation error (also malformed JSON)",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "detail": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "loc": {
+                                    "type": "array",
+                                    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                },
+                                "msg": {"type": "string"},
+                                "type": {"type": "string"},
+                            },
+                            "required": ["loc", "msg", "type"],
+                        },
+                    }
+                },
+            }
+        }
+    },
+}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error_doc("Undecodable body (corrupt compression, bad Content-Length)"),
+    401: _error_doc("Missing or wrong API key (auth on)"),
+    413: _error_doc("Body over --max-body-bytes, or input over the token limit with --on-overflow reject"),
+    415: _error_doc("Unsupported Content-Encoding, multipart body, or a form-typed body that is not JSON"),
+    422: _VALIDATION_DOC,
+    429: _error_doc("Queue full, or over this caller's --rate-limit; see Retry-After"),
+    500: _error_doc("Internal error; the message names the request id"),
+    503: _error_doc(
+        "Model not loaded yet, shutting down, or waited past --queue-timeout-ms without starting; "
+        "see Retry-After"
+    ),
+}

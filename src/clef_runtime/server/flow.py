@@ -11,7 +11,8 @@ handler; its errors may take its own shape (`WireMapping.error`, and a route cla
 
 from __future__ import annotations
 
-import uuid
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -19,19 +20,39 @@ from typing import Any, Generic, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from clef_runtime.engine.contract import PreparedItem
+from clef_runtime.engine.decision import Decision
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
-from clef_runtime.server.errors import ApiError, ClientGone, from_protocol_error, validation_error
-from clef_runtime.server.handling import (
+from clef_runtime.server.admission import admit_caller
+from clef_runtime.server.bodies import read_json_body
+from clef_runtime.server.context import context_of
+from clef_runtime.server.errors import (
     ERROR_RESPONSES,
-    admit_caller,
-    client_gone_response,
-    finish,
-    note,
-    read_json_body,
-    runtime_of,
+    ApiError,
+    ClientGone,
+    error_body,
+    from_protocol_error,
+    validation_error,
 )
+from clef_runtime.server.runtime import question_types, runtime_of
 
-__all__ = ["SYSTEMONE", "Loc", "Reply", "WireMapping", "answer_decision", "decision_route_doc"]
+__all__ = [
+    "CACHED_TOKENS_HEADER",
+    "HEAD_HEADER",
+    "STATE_CACHE_HEADER",
+    "STEPS_HEADER",
+    "SYSTEMONE",
+    "FinishedReply",
+    "Loc",
+    "Reply",
+    "WireMapping",
+    "answer_decision",
+    "client_gone_response",
+    "decision_route_doc",
+    "finish",
+]
+
+logger = logging.getLogger("clef_runtime.server")
 
 PlanT = TypeVar("PlanT")
 Loc = tuple[str | int, ...]
@@ -44,6 +65,17 @@ class Reply:
 
     request_id: str
     deterministic: bool
+
+
+@dataclass(frozen=True)
+class FinishedReply:
+    """A decision's response before it is sent: the route's body with the ``x_`` extras, and its headers."""
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    def as_json(self) -> JSONResponse:
+        return JSONResponse(self.body, headers=self.headers)
 
 
 @dataclass(frozen=True)
@@ -60,8 +92,9 @@ class WireMapping(Generic[PlanT]):
     error: Callable[[RequestValidationError, PlanT | None], ApiError] | None = None
     """Turn a validation error into the route's own error (None: 422 / 413 with `error_loc` applied); the
     plan is None when the body itself was invalid."""
-    reply: Callable[[JSONResponse, PlanT], Response] | None = None
-    """Rewrap the finished JSON response (its ``x_`` extras and headers in place): an envelope, a stream."""
+    reply: Callable[[FinishedReply, PlanT], Response] | None = None
+    """Send the finished body (its ``x_`` extras and headers in place) otherwise than as JSON as it is: in an
+    envelope, as a stream."""
 
 
 def _unchanged(data: Any) -> tuple[Any, None]:
@@ -150,10 +183,97 @@ async def answer_decision(
         return client_gone_response(request)
     except RequestValidationError as exc:
         error = _error(exc, mapping, plan)
-        note(request, error_type=error.error_type)
+        context_of(request).error_type = error.error_type
         raise error from None
     settings = runtime.settings
-    reply = Reply(getattr(request.state, "request_id", None) or uuid.uuid4().hex, settings.deterministic)
+    reply = Reply(context_of(request).request_id, settings.deterministic)
     answer = decision.body(deterministic=settings.deterministic)
-    response = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, decision)
-    return response if mapping.reply is None else mapping.reply(response, plan[0])
+    finished = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, decision)
+    return finished.as_json() if mapping.reply is None else mapping.reply(finished, plan[0])
+
+
+STATE_CACHE_HEADER = "X-Clef-State-Cache"
+CACHED_TOKENS_HEADER = "X-Clef-Cached-Tokens"
+STEPS_HEADER = "X-Clef-Steps"
+HEAD_HEADER = "X-Clef-Head"
+QUEUE_TIME_HEADER = "x-queue-time"
+INFERENCE_TIME_HEADER = "x-inference-time"
+TOTAL_TIME_HEADER = "x-total-time"
+COMPUTE_TOKENS_HEADER = "x-compute-tokens"
+
+
+def _ms(seconds: float) -> str:
+    return str(round(seconds * 1000))
+
+
+def finish(
+    request: Request, body: dict[str, Any], prepared: PreparedItem, decision: Decision
+) -> FinishedReply:
+    """Add the ``x_`` extras to a response body (the engine's decision, composed by `Decision.body` and
+    mapped to the route's shape) and return it with the decision's headers.
+
+    ``x_truncated_state_tokens`` is always present; ``x_latency_ms`` (server time from arrival to now) is
+    left out in deterministic mode so that identical requests give identical bytes (the ``x-total-time``
+    header carries it there); with ``--latency-ms`` it is also the top-level ``latency_ms``. Headers: the
+    replica that answered (``X-Clef-Replica``), the state-cache report (``X-Clef-State-Cache``: hit /
+    partial / miss, ``X-Clef-Cached-Tokens``), and the request's timing as text-embeddings-inference reports
+    it: ``x-queue-time`` (waiting for its first engine step), ``x-inference-time`` (from there to its
+    answer), ``x-total-time`` (arrival to response), all in milliseconds, ``x-compute-tokens`` (input
+    tokens), ``X-Clef-Steps`` (engine steps it took part in) and ``X-Clef-Head`` (``name@digest12``: the
+    head that computed the answers, also the body's ``x_head``).
+    """
+    runtime = runtime_of(request)
+    record = prepared.record
+    out = dict(body)
+    out["x_truncated_state_tokens"] = record.truncated_state_tokens
+    if decision.head is not None:
+        # Every route's body names the head that computed it (System One's has it from the decision).
+        out.setdefault("x_head", decision.head.as_api())
+    context = context_of(request)
+    total_s = time.perf_counter() - context.started_at
+    if not runtime.settings.deterministic:
+        out["x_latency_ms"] = round(total_s * 1000, 1)
+        if runtime.settings.latency_ms:
+            out["latency_ms"] = out["x_latency_ms"]
+    types = question_types(prepared)
+    for kind in types:
+        runtime.metrics.questions.labels(kind).inc()
+    runtime.metrics.input_tokens.observe(record.input_tokens)
+    if record.truncated_state_tokens:
+        runtime.metrics.truncated.inc()
+    replica = decision.replica or runtime.replica_id
+    state_cache = decision.cache.status
+    timings = decision.timings
+    context.input_tokens = record.input_tokens
+    context.questions = len(types)
+    context.truncated_state_tokens = record.truncated_state_tokens
+    context.state_cache = state_cache
+    context.steps = timings.steps
+    runtime.metrics.replica_requests.labels(str(replica), state_cache).inc()
+    headers = {
+        "X-Clef-Replica": str(replica),
+        STATE_CACHE_HEADER: state_cache,
+        CACHED_TOKENS_HEADER: str(decision.cache.cached_tokens),
+        QUEUE_TIME_HEADER: _ms(timings.queue_s),
+        INFERENCE_TIME_HEADER: _ms(timings.compute_s),
+        TOTAL_TIME_HEADER: _ms(total_s),
+        COMPUTE_TOKENS_HEADER: str(record.input_tokens),
+        STEPS_HEADER: str(timings.steps),
+    }
+    if decision.head is not None:
+        headers[HEAD_HEADER] = decision.head.label
+        context.head = decision.head.label
+    finished = FinishedReply(out, headers)
+    if runtime.settings.log_requests:
+        # The body as the JSON response renders it (a stream or an envelope carries the same answers).
+        rendered = finished.as_json().body.decode("utf-8")
+        logger.info("request_id=%s response_body=%s", context.request_id, rendered)
+    return finished
+
+
+def client_gone_response(request: Request) -> Response:
+    """The response for a client that went away (never delivered; 499 in logs and metrics, as nginx)."""
+    context_of(request).error_type = "client_closed_request"
+    return JSONResponse(
+        error_body("client_closed_request", "the client closed the connection"), status_code=499
+    )

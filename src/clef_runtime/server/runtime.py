@@ -33,6 +33,7 @@ from clef_runtime.engine.loop import (
 from clef_runtime.engine.policy import StepSettings
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
+from clef_runtime.server.context import context_of
 from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
 from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.limits import RateLimiter
@@ -45,6 +46,7 @@ __all__ = [
     "ServerRuntime",
     "load_clef",
     "question_types",
+    "runtime_of",
 ]
 
 logger = logging.getLogger("clef_runtime.server")
@@ -411,7 +413,7 @@ class ServerRuntime:
         try:
             # The queue timeout counts from the request's arrival: reading, validating and encoding it were
             # waiting too, and under overload the encode thread has a queue of its own.
-            arrived = getattr(request.state, "started_at", None) if request is not None else None
+            arrived = context_of(request).started_at if request is not None else None
             waited = time.perf_counter() - arrived if arrived is not None else 0.0
             future = _submit(dispatcher, prepared, waited_s=waited)
         except QueueFullError as exc:
@@ -483,3 +485,9 @@ async def _wait_for_disconnect(request: Request) -> None:
         message = await request.receive()
         if message.get("type") == "http.disconnect":
             return
+
+
+def runtime_of(request: Request) -> ServerRuntime:
+    """The app's :class:`ServerRuntime`."""
+    runtime: ServerRuntime = request.app.state.runtime
+    return runtime
