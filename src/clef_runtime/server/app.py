@@ -143,7 +143,8 @@ class RequestContextMiddleware:
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
-            return value.decode("latin-1")
+            decoded: str = value.decode("latin-1")  # ASGI header values are bytes
+            return decoded
     return None
 
 

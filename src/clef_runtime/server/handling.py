@@ -251,7 +251,9 @@ def finish(
         note(request, head=decision.head.label)
     response = JSONResponse(out, headers=headers)
     if runtime.settings.log_requests:
-        logger.info("request_id=%s response_body=%s", request.state.request_id, response.body.decode("utf-8"))
+        logger.info(
+            "request_id=%s response_body=%s", request.state.request_id, bytes(response.body).decode("utf-8")
+        )
     return response
 
 
