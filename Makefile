@@ -46,8 +46,9 @@ run: $(STAMP)
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q
 
+# mypy checks what pyproject.toml's [tool.mypy] names (src/clef_runtime), with its settings.
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python -m mypy
 
 bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/suite.py

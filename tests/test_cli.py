@@ -179,6 +179,17 @@ def test_encode_jsonl_mixes_image_and_text_requests(tiny: Clef) -> None:
     assert bad["line"] == 3 and bad["error"]["detail"][0]["loc"] == ["images", 0]
 
 
+def test_encode_refuses_an_independent_request_with_images_in_one_line() -> None:
+    # The engine splits it into one request per question: not one record that `clef encode` could print.
+    request = {
+        **IMAGE_REQUEST,
+        "questions": {"a": {"type": "noul"}, "b": {"type": "noul"}},
+        "x_independent": True,
+    }
+    done = run_cli("encode", "--image-mode", "g256", "-", stdin=json.dumps(request))
+    assert_one_line_exit_2(done, "x_independent")
+
+
 def test_encode_with_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
     request = tmp_path / "r.json"
     request.write_text(json.dumps(GOOD))

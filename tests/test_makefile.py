@@ -103,3 +103,14 @@ def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
     for target in ("run", "test"):
         lines = _make_n(f"VENV={venv}", target)
         assert _installs(lines) == [] and not any("-m venv" in line for line in lines), (target, lines)
+
+
+def test_make_lint_runs_ruff_and_the_type_checker(tmp_path: Path) -> None:
+    venv = _stamped_venv(tmp_path, ".installed", ".installed-dev")
+    (command,) = _make_n(f"VENV={venv}", "lint")
+    steps = command.split(" && ")
+    assert steps == [
+        f"{venv}/bin/ruff check .",
+        f"{venv}/bin/ruff format --check .",
+        f"{venv}/bin/python -m mypy",
+    ], command

@@ -13,6 +13,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def run_bench(clef: Clef, requests: int, state_words: int) -> dict[str, Any]:
     bodies = synthetic_requests(requests, state_words)
     single = [clef.prepare(body) for body in bodies]
     batch = [clef.prepare({**body, "state": "again " + body["state"]}) for body in bodies]
-    latencies = [_timed(lambda item=item: clef.decide_encoded([item])) for item in single]
+    latencies = [_timed(partial(clef.decide_encoded, [item])) for item in single]
     batch_s = _timed(lambda: clef.decide_encoded(batch))
     tokens = sum(item.input_tokens for item in single)
     batch_tokens = sum(item.input_tokens for item in batch)

@@ -198,7 +198,17 @@ class _RequestEncoder:
         body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
         if not sources:
             return self.encoder.encode(body).to_json()
-        return self._image_preparer().prepare(request).record.to_json()
+        from clef_runtime.engine.independent import IndependentRequest
+
+        prepared = self._image_preparer().prepare(request)
+        if isinstance(prepared, IndependentRequest):
+            # The engine answers it as one request per question: there is no single record to print.
+            raise RequestValidationError.single(
+                ("x_independent",),
+                "clef encode cannot split a request with images per question",
+                "value_error",
+            )
+        return prepared.record.to_json()
 
     def _image_preparer(self) -> RequestPreparer:
         if self._preparer is None:

@@ -152,7 +152,8 @@ def question_options(question: NoulQuestion | ChoiceQuestion | ScoreQuestion) ->
     """
     if isinstance(question, NoulQuestion):
         criteria: dict[str, Any] = dict(NOUL_DEFAULT_CRITERIA)
-        criteria.update(question.criteria or {})
+        for side, description in (question.criteria or {}).items():
+            criteria[side] = description
         return [("true", criteria["true"]), ("false", criteria["false"])]
     if isinstance(question, ChoiceQuestion):
         return sorted((str(k), v) for k, v in question.criteria.items())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +188,9 @@ class Clef:
             device=backbone.device,
         )
         """The default head and the named tuned heads (``--head``, `load_head`)."""
-        self.calibration_card = calibration.describe() if calibration is not None else None
+        self.calibration_card: Mapping[str, Any] | None = (
+            calibration.describe() if calibration is not None else None
+        )
         self.untrained = resolved.is_tiny
         self.name = resolved.name
         self.description = (

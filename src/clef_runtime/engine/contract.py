@@ -59,7 +59,9 @@ class PreparedItem(Protocol):
         ...
 
 
-PreparedT = TypeVar("PreparedT", bound=PreparedItem)
+# Covariant: the protocol only hands PreparedT out (from `prepare`); an engine of a narrower prepared type
+# is a DecisionEngine[PreparedItem] too.
+PreparedT = TypeVar("PreparedT", bound=PreparedItem, covariant=True)
 
 
 @dataclass(frozen=True)

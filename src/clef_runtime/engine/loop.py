@@ -193,7 +193,7 @@ class EngineLoop:
         *,
         max_queue: int = 256,
         max_background: int = 1024,
-        on_step: Callable[[StepStats], None] | None = None,
+        on_step: Callable[[StepStats], object] | None = None,
         on_thread_start: Callable[[], None] | None = None,
         queue_timeout_s: float | None = None,
         on_timeout: Callable[[QueueTimeoutError], None] | None = None,
@@ -218,7 +218,7 @@ class EngineLoop:
         self._batch_keys = itertools.count()
         self._inbox: list[_Entry] = []
         self._waiting: list[_Entry] = []
-        self._batches: dict[int, _Batch] = {}
+        self._batches: dict[Hashable, _Batch] = {}  # by key: the policy's keys are opaque Hashables
         self._work_done = 0
         self._closing = False
         self._drain = True
@@ -506,14 +506,14 @@ class EngineLoop:
                 waiting, running = self._views()
                 step = compose_step(waiting, running, work_done=self._work_done, settings=self.settings)
             if step:
-                by_seq = {e.seq: e for e in self._waiting}
+                by_seq: dict[Hashable, _Entry] = {e.seq: e for e in self._waiting}
                 admitted = {key for part in step.parts if isinstance(part, Admit) for key in part.keys}
                 self._waiting = [e for e in self._waiting if e.seq not in admitted]
                 wanted = {
                     e.estimate.hold for e in self._waiting if e.estimate and e.estimate.hold is not None
                 }
                 busy = {hold for view in running for hold in view.holds}
-                busy |= {by_seq[k].estimate.hold for k in admitted if by_seq[k].estimate}  # type: ignore[union-attr]
+                busy |= {estimate.hold for k in admitted if (estimate := by_seq[k].estimate)}
                 for entry in self._waiting:
                     if entry.estimate is not None and entry.estimate.hold in busy:
                         entry.held = True
@@ -550,7 +550,7 @@ class EngineLoop:
                     logger.debug("re-estimating a held request failed: %s", exc)
 
     def _run(
-        self, step: Step, by_seq: dict[int, _Entry], wanted: set[Hashable], started: float
+        self, step: Step, by_seq: dict[Hashable, _Entry], wanted: set[Hashable], started: float
     ) -> tuple[int, bool]:
         """Run the parts of ``step`` in order; returns (requests completed, whether a part failed)."""
         completed, failed = 0, False

@@ -185,8 +185,9 @@ def compose_step(
     engine's life (see the module docstring). Returns an empty `Step` when there is nothing to do."""
     if settings.deterministic:
         return _deterministic(waiting, running, settings)
-    interactive = [u for u in (*running, *waiting) if not u.background]
-    units: list[Running | Waiting] = interactive or [*running, *waiting]
+    every_unit: list[Running | Waiting] = [*running, *waiting]
+    interactive = [u for u in every_unit if not u.background]
+    units = interactive or every_unit
 
     def order(unit: Running | Waiting) -> tuple[float, int]:
         tokens = max(unit.remaining) if isinstance(unit, Running) else unit.tokens

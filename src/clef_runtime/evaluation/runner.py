@@ -65,7 +65,7 @@ def progress_bar(total: int, description: str) -> Progress:
         return _NoProgress()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=description, unit="case", file=sys.stderr, leave=False)  # type: ignore[no-any-return]
+    return tqdm(total=total, desc=description, unit="case", file=sys.stderr, leave=False)
 
 
 @dataclass

@@ -26,6 +26,8 @@ module.
 
 from __future__ import annotations
 
+# builtins.list: below JobStore.list, a bare `list` in JobStore's annotations names that method.
+import builtins
 import errno
 import hashlib
 import json
@@ -545,7 +547,7 @@ class JobStore:
             ).fetchone()[0]
         )
 
-    def next_lines(self, limit: int, model: JobModel) -> tuple[str, list[JobLine]] | None:
+    def next_lines(self, limit: int, model: JobModel) -> tuple[str, builtins.list[JobLine]] | None:
         """The oldest unfinished job of ``model`` and up to ``limit`` of its lines without a result, in line
         order (what the runner does next), or None when no job of that model has work left."""
         with self._guard(), self._lock:
@@ -564,7 +566,7 @@ class JobStore:
                     return job["id"], [JobLine(r["line"], r["custom_id"], r["request"]) for r in rows]
         return None
 
-    def unfinished_jobs(self) -> list[JobRecord]:
+    def unfinished_jobs(self) -> builtins.list[JobRecord]:
         """The jobs queued or running (of every model), oldest first."""
         with self._guard(), self._lock:
             rows = self._db.execute(
@@ -573,7 +575,7 @@ class JobStore:
             records = [self._get_locked(row["id"]) for row in rows]
         return [record for record in records if record is not None]
 
-    def results(self, job_id: str, *, after_line: int = 0, limit: int = 500) -> list[LineResult]:
+    def results(self, job_id: str, *, after_line: int = 0, limit: int = 500) -> builtins.list[LineResult]:
         """Committed results of a job in line order, ``limit`` at a time after ``after_line``."""
         with self._guard(), self._lock:
             rows = self._db.execute(

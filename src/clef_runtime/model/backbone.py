@@ -137,7 +137,7 @@ def _meta_model(info: CheckpointInfo) -> tuple[Any, Any]:
     allocation, no random init). Returns (model, text config). Raises CheckpointError for a bad config."""
     # Submodule imports (not transformers' lazy top-level names, whose first resolution is not
     # thread-safe): two threads loading models at once must not race on an import.
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 
     config_path = info.path / CONFIG_FILE
@@ -147,6 +147,9 @@ def _meta_model(info: CheckpointInfo) -> tuple[Any, Any]:
         raise CheckpointError(
             f"{config_path}: not a valid Qwen3.5 config ({error})", file=config_path
         ) from error
+    # Qwen3_5Config always builds its text config (from a dict or defaults); the check narrows its type.
+    if not isinstance(text_config, Qwen3_5TextConfig):
+        raise CheckpointError(f"{config_path}: not a valid Qwen3.5 config (no text config)", file=config_path)
     text_config._attn_implementation = "sdpa"
     text_config.use_cache = False
     with TRANSFORMERS_CONSTRUCTION_LOCK, torch.device("meta"):

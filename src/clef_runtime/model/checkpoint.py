@@ -294,7 +294,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         if not isinstance(entry, dict):
             raise _fail(path, f"safetensors header entry {name!r} is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in SAFETENSORS_DTYPE_SIZES:
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_SIZES:
             raise _fail(path, f"tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise _fail(path, f"tensor {name!r} has an invalid shape {shape!r}")

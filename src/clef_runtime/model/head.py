@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import safetensors
 import torch
@@ -309,7 +309,7 @@ class _BatchIndex:
                 option_owner_list.extend([question_base + question] * len(spans))
             question_base += layout.num_questions
 
-        def as_long(values: Sequence[int]) -> Tensor:
+        def as_long(values: Sequence[int] | Sequence[tuple[int, int]]) -> Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
         bounds = as_long(question_bounds + option_bounds).view(-1, 2)
@@ -770,13 +770,16 @@ class JointSchemaHead(nn.Module):
             + F.linear(question_means, self.option_question_projection.weight)[index.option_owners]
         )
         routed = _pad(routed_packed, index.option_slots, batch, index.max_options)
-        for layer in self.evidence_layers:
+        # ModuleList and Sequential are untyped containers: the casts name what __init__ put in them.
+        for layer in cast("Iterable[_EvidenceLayer]", self.evidence_layers):
             keys, values = self._keys_values(_layer_norm(memory, layer.memory_norm), layer.attention, index)
             routed = routed + self._cross_attend(
                 _layer_norm(routed, layer.query_norm), keys, values, layer.attention, index.token_key_mask
             )
             routed = routed + self._feedforward(
-                _layer_norm(routed, layer.feedforward_norm), layer.feedforward[0], layer.feedforward[3]
+                _layer_norm(routed, layer.feedforward_norm),
+                cast(nn.Linear, layer.feedforward[0]),
+                cast(nn.Linear, layer.feedforward[3]),
             )
 
         # Per-question routing softmax over the question's own options (on R itself, not LN(R)).
@@ -802,16 +805,20 @@ class JointSchemaHead(nn.Module):
         )
 
         # Joint decoding: fields attend to each other and to the un-normalised memory.
-        for layer in self.layers:
+        for decoder_layer in cast("Iterable[_FieldDecoderLayer]", self.layers):
             fields = fields + self._self_attend(
-                _layer_norm(fields, layer.norm1), layer.self_attn, index.question_key_mask
+                _layer_norm(fields, decoder_layer.norm1), decoder_layer.self_attn, index.question_key_mask
             )
-            keys, values = self._keys_values(memory, layer.multihead_attn, index)
+            keys, values = self._keys_values(memory, decoder_layer.multihead_attn, index)
             fields = fields + self._cross_attend(
-                _layer_norm(fields, layer.norm2), keys, values, layer.multihead_attn, index.token_key_mask
+                _layer_norm(fields, decoder_layer.norm2),
+                keys,
+                values,
+                decoder_layer.multihead_attn,
+                index.token_key_mask,
             )
             fields = fields + self._feedforward(
-                _layer_norm(fields, layer.norm3), layer.linear1, layer.linear2
+                _layer_norm(fields, decoder_layer.norm3), decoder_layer.linear1, decoder_layer.linear2
             )
         fields = _layer_norm(fields, self.field_norm)
 
@@ -836,7 +843,7 @@ class JointSchemaHead(nn.Module):
             [option_fields, option_rows, option_fields * option_rows, (option_fields - option_rows).abs()],
             dim=-1,
         )
-        first, last = self.residual_scorer[0], self.residual_scorer[3]
+        first, last = cast(nn.Linear, self.residual_scorer[0]), cast(nn.Linear, self.residual_scorer[3])
         residual = self._feedforward(pair_features, first, last).squeeze(-1)
         joint = _capped_scale(self.joint_logit_scale) * features.cosine + residual
         return (

@@ -256,7 +256,7 @@ def causal_conv1d_time_major(
     padded = torch.empty(batch, lead + seq_len, channels, dtype=torch.float32, device=sequence.device)
     carried = 0 if previous is None else min(lead, previous.shape[-1])
     padded[:, : lead - carried].zero_()
-    if carried:
+    if carried and previous is not None:  # carried > 0 only with a previous state
         padded[:, lead - carried : lead].copy_(previous[..., -carried:].transpose(1, 2))
     padded[:, lead:].copy_(sequence)
     # The time-major buffer is a channels-last [batch, channels, 1, time] image: oneDNN's depthwise
@@ -314,7 +314,8 @@ def _decay_exp_(log_decay: torch.Tensor) -> torch.Tensor:
     exactly such operands. Clamping the argument and zeroing factors below 1e-30 changes each
     product by less than 1e-30 of its size.
     """
-    return F.threshold_(log_decay.clamp_(min=_LOG_DECAY_FLOOR).exp_(), _DECAY_FLOOR, 0.0)
+    # torch.threshold_ is F.threshold_ (the same builtin); torch's stubs declare only the former.
+    return torch.threshold_(log_decay.clamp_(min=_LOG_DECAY_FLOOR).exp_(), _DECAY_FLOOR, 0.0)
 
 
 def _refuse_packed_sequences(kwargs: dict[str, Any]) -> None:
@@ -337,7 +338,8 @@ def _to_chunks(
     target = chunked.permute(1, 0, 3, 2, 4)  # [B, N, C, H, D] view of the chunk-major buffer
     full = seq_len // chunk_size
     rest = seq_len - full * chunk_size
-    pieces = []
+    # (destination, length, the (chunks, chunk) split of a run of full chunks or None, start)
+    pieces: list[tuple[torch.Tensor, int, tuple[int, int] | None, int]] = []
     if full:
         pieces.append((target[:, :full], full * chunk_size, (full, chunk_size), 0))
     if rest:
@@ -547,7 +549,7 @@ def gated_rms_norm(
 
 
 def _gated_delta_net_forward(
-    self: nn.Module,
+    self: _qwen3_5.Qwen3_5GatedDeltaNet,
     hidden_states: torch.Tensor,
     cache: Any = None,
     attention_mask: torch.Tensor | None = None,
@@ -660,11 +662,11 @@ def _count_in_place_token(cache: Any, layer_idx: int) -> None:
         increase(layer_idx, 0)
 
 
-def _gated_delta_net_layers(model: nn.Module) -> list[nn.Module]:
+def _gated_delta_net_layers(model: nn.Module) -> list[_qwen3_5.Qwen3_5GatedDeltaNet]:
     return [module for module in model.modules() if isinstance(module, _qwen3_5.Qwen3_5GatedDeltaNet)]
 
 
-def _on_cpu(layer: nn.Module) -> bool:
+def _on_cpu(layer: _qwen3_5.Qwen3_5GatedDeltaNet) -> bool:
     return layer.in_proj_qkv.weight.device.type == "cpu"
 
 

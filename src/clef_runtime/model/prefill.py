@@ -285,14 +285,14 @@ class BatchPrefill:
             cut = row.snapshot_at
             state_hidden = own_hidden[:cut] if start is None else torch.cat([start.hidden, own_hidden[:cut]])
             snapshot = BackboneState(
-                layers=self._snapshots.pop(number),  # type: ignore[arg-type]
+                layers=self._snapshots.pop(number),
                 hidden=state_hidden.clone(),
                 length=self.offset + cut,
                 next_position=_next_position(first, planes, cut),
             )
         points = tuple(
             StatePoint(
-                linear=self._linear_at.pop((number, at)),  # type: ignore[arg-type]
+                linear=self._linear_at.pop((number, at)),
                 next_position=_next_position(first, planes, at),
             )
             for at in row.points

@@ -257,7 +257,7 @@ def is_int8_weight(name: str, shape: Collection[int], layers: Collection[int]) -
     in ``layers``, i.e. one that ``--weights int8`` stores in int8 (decoder Linears are the only 2-D weights
     inside a layer: norms are 1-D, the DeltaNet convolution 3-D)."""
     match = _LAYER_WEIGHT.match(name)
-    return bool(match) and len(shape) == 2 and int(match.group(1)) in layers
+    return match is not None and len(shape) == 2 and int(match.group(1)) in layers
 
 
 def int8_weight_bytes(shape: Collection[int]) -> int:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 __all__ = [
     "BackboneState",
@@ -65,7 +68,7 @@ class _LinearSnapshot:
     recurrent: Tensor  # [1, value_heads, key_dim, value_dim]: the gated delta rule state
 
 
-def _cache_layer_classes() -> tuple[type, type]:
+def _cache_layer_classes() -> tuple[type[DynamicLayer], type[LinearAttentionLayer]]:
     from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
     return DynamicLayer, LinearAttentionLayer
@@ -82,7 +85,13 @@ def _capture_row(
     begin, end = kv_range if kv_range is not None else (0, None)
     for number, layer in enumerate(cache.layers):
         # Exact types: a subclass could hold more state than we copy (refuse rather than copy half).
-        if type(layer) is attention_class and layer.is_initialized:
+        # (keys and values are set together with is_initialized; the None checks narrow their types)
+        if (
+            type(layer) is attention_class
+            and layer.is_initialized
+            and layer.keys is not None
+            and layer.values is not None
+        ):
             layers.append(
                 _AttentionSnapshot(
                     layer.keys[row : row + 1, :, begin:end].clone(),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -55,6 +56,8 @@ _FIXED_HEADROOM_BYTES = 3 * (1 << 30)
 _PROPORTIONAL_HEADROOM = 0.10
 
 _STATE_ATTRIBUTE = "_clef_bf16_storage"
+#: The attribute of each bf16-stored Linear that holds the model's shared `_Fp32Scratch`.
+_SCRATCH_ATTRIBUTE = "_clef_scratch"
 
 logger = logging.getLogger(__name__)
 
@@ -218,9 +221,22 @@ class _Fp32Scratch:
         return view
 
 
+def _scratch_of(linear: nn.Module) -> _Fp32Scratch:
+    """The shared scratch `apply_bf16_storage` attached to ``linear``."""
+    scratch: _Fp32Scratch = getattr(linear, _SCRATCH_ATTRIBUTE)
+    return scratch
+
+
+def _bind_forward(module: nn.Module, forward: Callable[..., torch.Tensor]) -> None:
+    """Shadow the class's ``forward`` of ``module`` with ``forward`` bound to it (an instance attribute)."""
+    # setattr rather than `module.forward = ...`: type checkers refuse assigning to a method, which is
+    # exactly what is meant here.
+    setattr(module, "forward", types.MethodType(forward, module))  # noqa: B010
+
+
 def _linear_forward_per_linear(self: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
     """fp32 Linear on a bf16-stored weight: convert into the shared scratch, then matmul."""
-    scratch: _Fp32Scratch = self._clef_scratch
+    scratch = _scratch_of(self)
     with scratch.lock:
         weight = scratch.upcast(self.weight)
         return F.linear(hidden_states.float(), weight, self.bias)
@@ -253,17 +269,19 @@ def _restore_rotary_inv_freq(module: nn.Module) -> None:
         return
     config = getattr(module, "config", None)
     rope_type = getattr(module, "rope_type", "default")
-    if config is not None and rope_type == "default" and hasattr(module, "compute_default_rope_parameters"):
-        fresh, _ = module.compute_default_rope_parameters(config)
+    compute_default = getattr(module, "compute_default_rope_parameters", None)
+    if config is not None and rope_type == "default" and compute_default is not None:
+        fresh, _ = compute_default(config)
     elif config is not None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         fresh, _ = ROPE_INIT_FUNCTIONS[rope_type](config)
     else:
         fresh = inv_freq.float()
-    module.inv_freq = fresh.to(device=inv_freq.device, dtype=torch.float32)
+    restored = fresh.to(device=inv_freq.device, dtype=torch.float32)
+    module.inv_freq = restored
     if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
-        module.original_inv_freq = module.inv_freq.clone()
+        module.original_inv_freq = restored.clone()
 
 
 def apply_bf16_storage(
@@ -306,7 +324,7 @@ def apply_bf16_storage(
         elif isinstance(module, nn.Embedding) and include_embeddings:
             module.weight.data = module.weight.data.to(torch.bfloat16)
             stored_in_bf16.add(id(module.weight))
-            module.forward = types.MethodType(_embedding_forward, module)
+            _bind_forward(module, _embedding_forward)
     # Everything else that is floating point (biases, norms, conv, A_log, dt_bias, buffers): fp32.
     for parameter in model.parameters():
         if id(parameter) not in stored_in_bf16 and parameter.is_floating_point():
@@ -318,7 +336,7 @@ def apply_bf16_storage(
                 setattr(module, name, buffer.float())
 
     for linear in linears:
-        linear._clef_scratch = scratch
+        setattr(linear, _SCRATCH_ATTRIBUTE, scratch)
     setattr(model, _STATE_ATTRIBUTE, True)
     set_linear_compute_dtype(model, compute_dtype)
 
@@ -337,13 +355,13 @@ def set_linear_compute_dtype(model: nn.Module, compute_dtype: torch.dtype) -> No
         raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}")
     if not getattr(model, _STATE_ATTRIBUTE, False):
         raise ValueError("needs a model prepared by apply_bf16_storage")
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and hasattr(m, "_clef_scratch")]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and hasattr(m, _SCRATCH_ATTRIBUTE)]
     if compute_dtype == torch.bfloat16:
         for linear in linears:
-            linear.forward = types.MethodType(_linear_forward_bf16_compute, linear)
+            _bind_forward(linear, _linear_forward_bf16_compute)
         return
     for linear in linears:
-        linear.forward = types.MethodType(_linear_forward_per_linear, linear)
+        _bind_forward(linear, _linear_forward_per_linear)
     if linears:
         # Allocate the shared scratch once, at its final size, before the first forward.
-        linears[0]._clef_scratch.reserve(max(linear.weight.numel() for linear in linears))
+        _scratch_of(linears[0]).reserve(max(linear.weight.numel() for linear in linears))

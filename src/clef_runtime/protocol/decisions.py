@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -202,6 +202,9 @@ class _ToolCall(_Item):
 class _ToolOutput(_Item):
     call_id: StrictText
     output: TextOrParts
+    if TYPE_CHECKING:
+        # Each subclass declares its own Literal tag (a field here would change the schema's field order).
+        type: str
 
 
 class FunctionCallItem(_ToolCall):
@@ -449,7 +452,7 @@ def _strip_union_tags(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
         )
         if descends:
             out.append(seg)
-            node = node[seg]  # type: ignore[index]
+            node = node[seg]
         elif isinstance(node, dict | list) and isinstance(seg, str) and seg != "[key]":
             # A label (the node did not descend). Missing fields, though, are real keys that are absent:
             # keep a segment that names a field the models know.

@@ -417,8 +417,9 @@ def _choice_of(
 def _integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
     def number(key: str) -> float | None:
         value = node.get(key)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        return float(value) if ok else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        return None
 
     low = high = None
     if (v := number("minimum")) is not None:

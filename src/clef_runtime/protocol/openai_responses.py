@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic.json_schema import JsonDict
 
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.openai_chat import (
@@ -117,7 +118,7 @@ TEXT_SCHEMA_LOC: Loc = ("text", "format", "schema")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The ``include`` value that asks for the output text's log probabilities."""
 
-_INPUT_DOC = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+_INPUT_DOC: JsonDict = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
 
 
 # ------------------------------------------------------------------------------------------ wire types
@@ -544,7 +545,7 @@ def to_response_events(response: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         added = {**item, "status": "in_progress", "arguments": ""}
         body = _call_events(item)
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": lifecycle},
         {"type": "response.in_progress", "response": lifecycle},
         {"type": "response.output_item.added", "output_index": 0, "item": added},

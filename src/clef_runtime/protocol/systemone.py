@@ -7,6 +7,7 @@ exactly as the caller sent them, because the encoder renders them token-exactly 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -249,7 +250,7 @@ class SystemOneResponse(BaseModel):
 _TAG_ERRORS = {"union_tag_invalid", "union_tag_not_found"}
 
 
-def _clean_error(err: dict[str, Any]) -> ErrorItem:
+def _clean_error(err: Mapping[str, Any]) -> ErrorItem:
     loc = list(error_loc(err))
     type_ = err["type"]
     # Discriminated unions insert the tag into the location: questions.<id>.choice.criteria.

@@ -137,7 +137,7 @@ class IngressEngine:
         self.release_date: str | None = info["release_date"]
         self.untrained: bool = info["untrained"]
         self.max_length: int = info["max_length"]
-        self.calibration_card: dict[str, Any] | None = info["calibration_card"]
+        self.calibration_card: Mapping[str, Any] | None = info["calibration_card"]
         self.heads = tuple(HeadInfo.from_api(card) for card in info["heads"])
         self.options: EngineOptions = info["options"]
         self.device: str = info["device"]
@@ -442,8 +442,9 @@ def build_application(settings: ServerSettings, ray: RaySettings) -> Any:
         "logging_config": logging_config,
     }
     if ray.ray_routing == "state-affinity":
+        # ray annotates RequestRouterConfig(**kwargs: dict[str, Any]); its field takes a class or a path.
         model_options["request_router_config"] = RequestRouterConfig(
-            request_router_class=StateAffinityRouter,
+            request_router_class=StateAffinityRouter,  # type: ignore[arg-type]
             request_router_kwargs={"max_owner_queue": ray.ray_max_owner_queue},
         )
     if ray.autoscaling:
@@ -455,9 +456,10 @@ def build_application(settings: ServerSettings, ray: RaySettings) -> Any:
     else:
         model_options["num_replicas"] = ray.replicas
     threads = max(1, int(ray.ray_num_cpus)) if ray.ray_num_cpus >= 1 else 1
-    model = serve.deployment(ClefModel).options(**model_options).bind(settings, threads)
+    # ray types serve.deployment as the decorator factory only; given a class it returns the Deployment.
+    model = serve.deployment(ClefModel).options(**model_options).bind(settings, threads)  # type: ignore[attr-defined]
 
-    ingress = serve.deployment(serve.ingress()(ClefIngress)).options(
+    ingress = serve.deployment(serve.ingress()(ClefIngress)).options(  # type: ignore[attr-defined]
         name="ClefIngress",
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},

@@ -266,7 +266,7 @@ def finish(
     finished = FinishedReply(out, headers)
     if runtime.settings.log_requests:
         # The body as the JSON response renders it (a stream or an envelope carries the same answers).
-        rendered = finished.as_json().body.decode("utf-8")
+        rendered = bytes(finished.as_json().body).decode("utf-8")
         logger.info("request_id=%s response_body=%s", context.request_id, rendered)
     return finished
 

@@ -424,7 +424,7 @@ class ServerRuntime:
         answer = asyncio.wrap_future(future)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request)) if request is not None else None
         try:
-            waiting = {answer} if watcher is None else {answer, watcher}
+            waiting: set[asyncio.Future[Any]] = {answer} if watcher is None else {answer, watcher}
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if answer not in done:
                 # Cancel the engine's future itself, now: answer.cancel() alone would only schedule that on

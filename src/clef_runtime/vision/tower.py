@@ -73,7 +73,9 @@ def _build_module(vision_config: dict[str, Any], state: dict[str, torch.Tensor],
         )
     # Non-persistent buffers (the rotary inverse frequencies) are not in the checkpoint: rebuild them.
     module.rotary_pos_emb = Qwen3_5VisionRotaryEmbedding(config)
-    module = module.to(device)
+    # transformers declares PreTrainedModel.to through functools.wraps(nn.Module.to), which its types read
+    # as a function still expecting `self`: the call is nn.Module.to's (device) -> module.
+    module = module.to(device)  # type: ignore[arg-type]
     leftover = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
     if leftover:
         raise RuntimeError(f"vision tower tensors left uninitialised: {leftover[:8]}")

@@ -217,7 +217,7 @@ def _engine_for_heads(request: Request) -> Engine:
 
 async def _classifier_or_404(request: Request, name: str) -> Classifier:
     _check_name(name)
-    classifier = await _store_call(_store(request).get, _owner(request), name)
+    classifier: Classifier | None = await _store_call(_store(request).get, _owner(request), name)
     if classifier is None:
         raise _not_found(name)
     return classifier

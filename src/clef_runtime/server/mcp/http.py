@@ -188,10 +188,10 @@ class McpEndpoint:
             return
         manager = self._manager
         if manager is None:
-            error = ApiError(
+            not_ready = ApiError(
                 503, "not_ready", "the server is starting or shutting down", headers={"Retry-After": "2"}
             )
-            await error.response()(scope, receive, send)
+            await not_ready.response()(scope, receive, send)
             return
         try:
             checked = await _checked_body(request, self._max_body_bytes)

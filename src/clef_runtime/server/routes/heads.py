@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Path, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from clef_runtime.protocol.errors import RequestValidationError
@@ -155,7 +155,7 @@ async def list_heads(request: Request) -> dict[str, Any]:
         }
     },
 )
-async def load_head(request: Request) -> JSONResponse:
+async def load_head(request: Request) -> Response:
     """Load a head: 201 with its card."""
     admin = authenticate_admin(request)
     engine = runtime_of(request).require_ready()
