@@ -66,6 +66,10 @@ class Reply:
     request_id: str
     deterministic: bool
 
+    def timestamp(self) -> int:
+        """Seconds since the epoch, for a body's creation time; 0 in deterministic mode."""
+        return 0 if self.deterministic else int(time.time())
+
 
 @dataclass(frozen=True)
 class FinishedReply:

@@ -6,14 +6,11 @@ The mapping lives in :mod:`clef_runtime.protocol.openai_chat`; this route runs i
 
 from __future__ import annotations
 
-import time
-from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
-from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.openai_chat import (
     ChatCompletionRequest,
     ChatPlan,
@@ -23,79 +20,50 @@ from clef_runtime.protocol.openai_chat import (
     to_systemone,
     translate_error_loc,
 )
-from clef_runtime.server.errors import ApiError, shaped_errors_route
 from clef_runtime.server.feature import Feature
 from clef_runtime.server.flow import FinishedReply, Reply, WireMapping, answer_decision
 from clef_runtime.server.openai.docs import CHAT_DESCRIPTION, chat_request_body
 from clef_runtime.server.openai.errors import (
-    OPENAI_ERROR_RESPONSES,
-    openai_error_doc,
-    openai_error_response,
     openai_shaped_paths,
-    openai_validation_error,
 )
-from clef_runtime.server.openai.events import event_stream
+from clef_runtime.server.openai.replies import (
+    event_stream,
+    openai_mapping,
+    openai_responses_doc,
+    openai_router,
+    sse_event_doc,
+)
 
 __all__ = ["CHAT", "FEATURE", "router"]
 
-router = APIRouter(route_class=shaped_errors_route(openai_error_response))
+router = openai_router()
 
-_SSE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "event": {"type": "string"},
-        "data": {"type": "string", "description": "a chat.completion.chunk as JSON, or [DONE] last"},
-    },
-    "required": ["data"],
-}
+_SSE_EVENT = sse_event_doc("a chat.completion.chunk as JSON, or [DONE] last", None)
 
 
-_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "A chat.completion (content = the JSON object of the answers; x_decisions = the "
-        "System One answers), or with stream: true its chunks as server-sent events ending with data: [DONE]",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            # One schema per server-sent event (as OpenAPI tools read an event stream): its data is a
-            # chat.completion.chunk in JSON, and the last event's data is the literal [DONE].
-            "text/event-stream": {"schema": _SSE_EVENT},
-        },
-    },
-    400: openai_error_doc(
-        "Invalid request, undecidable schema property, n > 1, several tools and none named, no schema "
-        "(param names it)"
-    ),
-    **OPENAI_ERROR_RESPONSES,
-}
-
-
-def _chat_error(exc: RequestValidationError, plan: ChatPlan | None) -> ApiError:
-    return openai_validation_error(exc, None if plan is None else partial(translate_error_loc, plan=plan))
-
-
-def _to_systemone(data: Any) -> tuple[dict[str, Any], ChatPlan]:
-    return to_systemone(parse_chat_request(data))
+_RESPONSES = openai_responses_doc(
+    "A chat.completion (content = the JSON object of the answers; x_decisions = the System One answers), or "
+    "with stream: true its chunks as server-sent events ending with data: [DONE]",
+    {"schema": {"type": "object"}},
+    # Its data is a chat.completion.chunk in JSON, and the last event's data is the literal [DONE].
+    _SSE_EVENT,
+    "Invalid request, undecidable schema property, n > 1, several tools and none named, no schema "
+    "(param names it)",
+)
 
 
 def _completion(answer: dict[str, Any], plan: ChatPlan, reply: Reply) -> dict[str, Any]:
-    return to_chat_completion(
-        answer,
-        plan,
-        completion_id=f"chatcmpl-{reply.request_id}",
-        created=0 if reply.deterministic else int(time.time()),
-    )
+    completion_id = f"chatcmpl-{reply.request_id}"
+    return to_chat_completion(answer, plan, completion_id=completion_id, created=reply.timestamp())
 
 
-def _stream_if_asked(finished: FinishedReply, plan: ChatPlan) -> Response:
-    """With ``stream: true``: the completion's chunks as server-sent events ending with ``[DONE]``."""
-    if not plan.stream:
-        return finished.as_json()
-    chunks = to_chat_chunks(finished.body, plan)
-    return event_stream(chunks, finished.headers, named=False, done=True)
+def _chunks(finished: FinishedReply, plan: ChatPlan) -> Response:
+    """The completion's chunks as server-sent events ending with ``[DONE]``."""
+    return event_stream(to_chat_chunks(finished.body, plan), finished.headers, named=False, done=True)
 
 
-CHAT: WireMapping[ChatPlan] = WireMapping(
-    to_systemone=_to_systemone, from_systemone=_completion, error=_chat_error, reply=_stream_if_asked
+CHAT: WireMapping[ChatPlan] = openai_mapping(
+    lambda data: to_systemone(parse_chat_request(data)), translate_error_loc, _completion, _chunks
 )
 """``/v1/chat/completions`` onto System One: the schema's decidable properties as questions."""
 
