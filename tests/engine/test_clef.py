@@ -87,8 +87,8 @@ def test_decide_shapes(clef: Clef, index: int) -> None:
 
 
 def test_tiny_is_described_as_untrained(clef: Clef) -> None:
-    assert clef.untrained
-    assert "untrained" in clef.description.lower()
+    assert clef.card.model.untrained
+    assert "untrained" in clef.card.model.description.lower()
 
 
 @pytest.mark.slow
@@ -409,6 +409,6 @@ def test_release_dates_follow_the_release(tiny: Clef) -> None:
         resolved = dataclasses.replace(tiny.model.resolved, name=name, is_tiny=False)
         return Clef(dataclasses.replace(tiny.model, resolved=resolved), EngineOptions(cache_mb=0))
 
-    assert as_release("Cloudflare/clef-flash").release_date == "2026-10-01"
-    assert as_release("Cloudflare/clef").release_date is None
-    assert tiny.release_date == "2026-11-29"
+    assert as_release("Cloudflare/clef-flash").card.model.release_date == "2026-10-01"
+    assert as_release("Cloudflare/clef").card.model.release_date is None
+    assert tiny.card.model.release_date == "2026-11-29"

@@ -10,7 +10,7 @@ from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,6 +19,9 @@ from clef_runtime.jobs.runner import JobRunner, RetryLaterError
 from clef_runtime.jobs.store import JobLine, JobModel, JobRecord, JobStore, LineResult
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from clef_runtime.scale.ray_serve import ReplicaAnswer
 
 MODEL = JobModel("model-a", "/models/model-a")
 
@@ -123,10 +126,10 @@ def test_a_lines_own_error_is_its_result(store: JobStore) -> None:
 class Outcome:
     """A Ray response stub: ``result()`` returns the answer or raises the error."""
 
-    def __init__(self, outcome: dict[str, Any] | BaseException) -> None:
+    def __init__(self, outcome: ReplicaAnswer | BaseException) -> None:
         self.outcome = outcome
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> ReplicaAnswer:
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
@@ -146,8 +149,12 @@ class DyingReplicas:
         self.calls += 1
         if self.calls <= self.deaths:
             return Outcome(ActorDiedError())
-        report = {"replica": "r1", "pid": 1, "cache": {}}
-        return Outcome({"decision": answer(prepared.request["state"]), "x_replica_report": report})
+        from clef_runtime.engine.contract import ReplicaReport
+        from clef_runtime.scale.ray_serve import ReplicaAnswer
+
+        # The dispatcher hands the decision on untouched: a dict stands in for it.
+        decision: Any = answer(prepared.request["state"])
+        return Outcome(ReplicaAnswer(ReplicaReport("r1", 1, {}), decision=decision))
 
 
 def test_a_line_whose_two_replicas_died_under_ray_is_retried_not_failed(store: JobStore) -> None:

@@ -163,7 +163,7 @@ def bf16_clef() -> Clef:
 
 
 def test_bf16_computes_the_backbone_in_bf16_and_the_head_in_fp32(bf16_clef: Clef, tiny: Clef) -> None:
-    assert bf16_clef.compute_dtype == "bf16" and tiny.compute_dtype == "fp32"
+    assert bf16_clef.card.compute_dtype == "bf16" and tiny.card.compute_dtype == "fp32"
     assert bf16_clef.backbone.dtype == torch.bfloat16
     weights = {p.dtype for p in bf16_clef.backbone.model.parameters()}
     assert weights == {torch.bfloat16}  # stored in bf16 too: half the memory of fp32

@@ -25,8 +25,11 @@ from clef_runtime.model.checkpoint import (
     PINNED_REPO_ID,
     PINNED_REVISION,
     RELEASE_FILE_PATTERNS,
+    TINY_DESCRIPTION,
     CheckpointError,
+    ModelCard,
     known_release,
+    model_card,
     verify_checkpoint,
 )
 from clef_runtime.model.resolve import (
@@ -183,6 +186,17 @@ def test_the_known_releases() -> None:
     assert known_release("cloudflare/clef-flash") is CLEF_FLASH
     for other in ("Cloudflare/clef-fla", "Cloudflare/clef-27b", "Other/clef", "Cloudflare/clef@main"):
         assert known_release(other) is None, other
+
+
+def test_the_model_card_is_decided_by_the_release() -> None:
+    # /v1/models: Clef-flash's date is published, the 27B's is not (unknown, not the 9B's); a release under
+    # any other name (a local directory) is taken for Clef-flash; the tiny checkpoint says it is untrained.
+    assert model_card("cloudflare/CLEF-flash", untrained=False) == ModelCard(
+        "cloudflare/CLEF-flash", "cloudflare/CLEF-flash: Cloudflare's Clef decision model", "2026-10-01"
+    )
+    assert model_card("Cloudflare/clef", untrained=False).release_date is None
+    assert model_card("my-release-dir", untrained=False).release_date == CLEF_FLASH.release_date
+    assert model_card("tiny", untrained=True) == ModelCard("tiny", TINY_DESCRIPTION, "2026-11-29", True)
 
 
 def test_the_27b_release_defaults_to_its_pinned_revision(offline_hub: Path, tiny_dir: Path) -> None:

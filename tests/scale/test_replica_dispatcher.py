@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from clef_runtime.engine.contract import ReplicaReport
 from clef_runtime.engine.loop import QueueTimeoutError
-from clef_runtime.scale.ray_serve import ClefModel, ReplicaDispatcher, ReplicaReports
+from clef_runtime.scale.ray_serve import ClefModel, ReplicaAnswer, ReplicaDispatcher, ReplicaReports
 from clef_runtime.server.settings import ServerSettings
 
-REPORT = {"replica": "r1", "pid": 1, "cache": {}}
+REPORT = ReplicaReport("r1", 1, {})
 
 
 class Outcome:
@@ -36,7 +37,7 @@ class TimingOutReplica:
 
     def _remote(self, prepared: Any, *, state_key: str, background: bool, waited_s: float) -> Outcome:
         self.waits.append(waited_s)
-        return Outcome({"x_queue_timeout": [waited_s + 0.25, 0.25, 3.0], "x_replica_report": REPORT})
+        return Outcome(ReplicaAnswer(REPORT, timeout=(waited_s + 0.25, 0.25, 3.0)))
 
 
 def test_a_replica_queue_timeout_is_raised_at_the_ingress_with_the_wait_so_far() -> None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clef_runtime.engine.card import CardedEngine, EngineCard, ModelCard
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.head_records import (
     HeadIdentity,
@@ -85,15 +86,8 @@ def schema_tokens(request: SystemOneRequest) -> int:
     return total
 
 
-class FakeClef:
+class FakeClef(CardedEngine):
     """Implements the server's engine contract, as ``clef_runtime.engine.clef.Clef`` does."""
-
-    untrained = True
-    calibration_card = None
-    device = "cpu"
-    weight_mode = "fp32"
-    compute_dtype = "fp32"
-    step_tokens = 16384
 
     def __init__(
         self,
@@ -104,11 +98,19 @@ class FakeClef:
         release_date: str | None = None,
         warmup_s: float = 0.0,
     ) -> None:
-        self.name = name
-        self.description = "Fake engine for API tests (untrained: answers are pseudo-random)."
-        self.release_date = release_date
-        self.max_length = max_length
-        self.options = EngineOptions(max_length=max_length)
+        self.card = EngineCard(
+            model=ModelCard(
+                name,
+                "Fake engine for API tests (untrained: answers are pseudo-random).",
+                release_date,
+                untrained=True,
+            ),
+            options=EngineOptions(max_length=max_length),
+            device="cpu",
+            weight_mode="fp32",
+            compute_dtype="fp32",
+            step_tokens=16384,
+        )
         self.delay_s = delay_s
         self.warmup_s = warmup_s
         self.batches: list[list[str]] = []  # the states of every engine call, in order
@@ -166,7 +168,7 @@ class FakeClef:
 
     def encode(self, request: Any, *, max_length: int | None = None) -> FakeRecord:
         parsed = self.parse(request)
-        limit = self.max_length if max_length is None else max_length
+        limit = self.card.max_length if max_length is None else max_length
         fixed = schema_tokens(parsed)
         if fixed > limit:
             raise InputTooLongError(

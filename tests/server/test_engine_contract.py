@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import clef_runtime.server as server_package
+from clef_runtime.engine.card import CardedEngine
 from clef_runtime.engine.clef import Clef
 from clef_runtime.engine.contract import DecisionEngine
 from clef_runtime.scale.ray_serve import IngressEngine
@@ -28,19 +29,9 @@ METHODS = [
     "replica_status",
     "prepare_compute_thread",
 ]
-ATTRIBUTES = [
-    "name",
-    "description",
-    "release_date",
-    "untrained",
-    "max_length",
-    "calibration_card",
-    "options",
-    "device",
-    "weight_mode",
-    "compute_dtype",
-    "step_tokens",
-]
+ATTRIBUTES = ["card"]
+#: Read from the card (`clef_runtime.engine.card.CardedEngine`).
+PROPERTIES = ["name", "step_tokens"]
 ENGINES = [Clef, IngressEngine, FakeClef]
 
 
@@ -55,8 +46,14 @@ def _parameters(function: Any) -> list[tuple[str, Any, bool]]:
 
 def test_the_contract_lists_what_the_test_checks() -> None:
     declared = {name for name in vars(DecisionEngine) if not name.startswith("_")}
-    assert declared == set(METHODS)
+    assert declared == set(METHODS) | set(PROPERTIES)
     assert set(DecisionEngine.__annotations__) == set(ATTRIBUTES)
+
+
+@pytest.mark.parametrize("engine_class", ENGINES, ids=lambda engine: engine.__name__)
+def test_every_engine_reads_the_properties_from_its_card(engine_class: type) -> None:
+    for name in PROPERTIES:
+        assert getattr(engine_class, name) is getattr(CardedEngine, name), name
 
 
 @pytest.mark.parametrize("engine_class", ENGINES, ids=lambda engine: engine.__name__)
@@ -68,9 +65,10 @@ def test_methods_match_the_contract(engine_class: type, method: str) -> None:
 
 
 def test_the_fake_engine_has_every_attribute() -> None:
-    engine = FakeClef()
-    for name in ATTRIBUTES:
+    engine = FakeClef(name="fake-x")
+    for name in ATTRIBUTES + PROPERTIES:
         assert hasattr(engine, name), name
+    assert engine.name == engine.card.model.name == "fake-x"
 
 
 @pytest.mark.parametrize("engine_class", [Clef, IngressEngine], ids=lambda engine: engine.__name__)
@@ -105,7 +103,8 @@ def _engine_members_used_by_the_server() -> set[str]:
 def test_the_server_uses_only_the_contract() -> None:
     used = _engine_members_used_by_the_server()
     assert "runner" in used  # the scan sees the server's calls
-    assert used <= set(METHODS) | set(ATTRIBUTES), used - set(METHODS) - set(ATTRIBUTES)
+    contract = set(METHODS) | set(ATTRIBUTES) | set(PROPERTIES)
+    assert used <= contract, used - contract
 
 
 def _dynamic_lookups_in_the_server() -> list[str]:

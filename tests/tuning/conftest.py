@@ -15,7 +15,8 @@ import pytest
 
 from clef_runtime.cli import build_parser, main
 from clef_runtime.evaluation.cases import load_cases
-from clef_runtime.tuning.command import REPORT_FILE, TuneJob, settings_from_args, tune
+from clef_runtime.tuning.arguments import TuneSettings
+from clef_runtime.tuning.command import REPORT_FILE, TuneJob, tune
 from tests.tuning.tasks import write_task_files
 
 
@@ -57,10 +58,10 @@ def default_run(billing_files: tuple[Path, Path], tmp_path_factory: pytest.TempP
     return CliRun(status, stdout, stderr, out)
 
 
-def cli_settings(*flags: str) -> Any:
-    """The `TrainSettings` ``clef tune`` would use with ``flags`` (defaults otherwise)."""
+def cli_settings(*flags: str) -> TuneSettings:
+    """The settings ``clef tune`` would use with ``flags`` (defaults otherwise)."""
     args = build_parser().parse_args(["tune", "cases.jsonl", "--out", "unused", *flags])
-    return settings_from_args(args)
+    return TuneSettings.from_args(args)
 
 
 def tune_in_process(

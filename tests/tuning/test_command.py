@@ -16,12 +16,14 @@ from clef_runtime.engine.clef import Clef
 from clef_runtime.evaluation.cases import load_cases
 from clef_runtime.evaluation.metrics import Outcome
 from clef_runtime.model.head import JointSchemaHead, probabilities
-from clef_runtime.tuning.arguments import DEFAULT_LR, DEFAULTS
+from clef_runtime.tuning.arguments import DEFAULT_LR, TuneSettings
 from clef_runtime.tuning.command import CALIBRATION_FILE, REPORT_FILE, separable_types
 from clef_runtime.tuning.features import FeatureStore, model_fingerprint, row_key
 from clef_runtime.tuning.rows import prepare_rows
 from tests.tuning.conftest import CliRun, run_cli, tune_in_process
 from tests.tuning.tasks import HOLDOUT_CASES, TRAIN_CASES, billing_cases, write_cases
+
+DEFAULTS = TuneSettings()
 
 #: An untrained head answers the keyword task at chance: at most this held-out accuracy.
 CHANCE_BAND = 0.7
@@ -33,9 +35,9 @@ def test_the_defaults_learn_the_keyword_task(default_run: CliRun) -> None:
     report = default_run.report
     settings = report["settings"]
     assert (settings["tier"], settings["lr"], settings["batch_size"]) == (
-        DEFAULTS["tier"],
-        DEFAULT_LR[DEFAULTS["tier"]],
-        DEFAULTS["batch_size"],
+        DEFAULTS.tier,
+        DEFAULT_LR[DEFAULTS.tier],
+        DEFAULTS.batch_size,
     )
     assert report["epochs_run"] <= 30
     before, after = report["holdout"]["before"]["overall"], report["holdout"]["after"]["overall"]
@@ -88,9 +90,9 @@ def test_the_report_is_complete_and_consistent(default_run: CliRun) -> None:
     assert report["model"] == "tiny" and report["calibration"] is None
     assert report["settings"]["loss"] == {
         "cross_entropy_weight": 1.0,
-        "label_smoothing": DEFAULTS["label_smoothing"],
-        "brier_weight": DEFAULTS["brier_weight"],
-        "ordinal_weight": DEFAULTS["ordinal_weight"],
+        "label_smoothing": DEFAULTS.label_smoothing,
+        "brier_weight": DEFAULTS.brier_weight,
+        "ordinal_weight": DEFAULTS.ordinal_weight,
     }
     assert report["settings"]["seed"] == 0
     cases = report["cases"]
@@ -104,7 +106,7 @@ def test_the_report_is_complete_and_consistent(default_run: CliRun) -> None:
     # The curve's NLL of the best epoch is the written head's holdout NLL (float32 logits vs float64 softmax).
     assert best["holdout_nll"] == pytest.approx(report["holdout"]["after"]["overall"]["nll"], abs=1e-4)
     assert curve[0]["holdout_nll"] == pytest.approx(report["holdout"]["before"]["overall"]["nll"], abs=1e-4)
-    assert report["stopped_early"] == (report["epochs_run"] < DEFAULTS["epochs"])
+    assert report["stopped_early"] == (report["epochs_run"] < DEFAULTS.epochs)
     tests = report["paired_tests"]
     assert tests["questions"] == HOLDOUT_CASES
     assert tests["accuracy"]["only_after"] > tests["accuracy"]["only_before"]

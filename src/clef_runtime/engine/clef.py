@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from clef_runtime.encoding.encoder import EncodedRecord, Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer
 from clef_runtime.engine.calibration import Calibration, CalibrationError
+from clef_runtime.engine.card import CardedEngine, EngineCard
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError
@@ -40,7 +41,7 @@ from clef_runtime.engine.policy import StepSettings
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
-from clef_runtime.model.checkpoint import CLEF_27B, verify_checkpoint
+from clef_runtime.model.checkpoint import model_card, verify_checkpoint
 from clef_runtime.model.head import HeadLoadError, JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
@@ -61,12 +62,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("clef_runtime.engine")
-
-CLEF_FLASH_RELEASE_DATE = "2026-10-01"
-TINY_DESCRIPTION = (
-    "tiny: an UNTRAINED Clef checkpoint with random weights in the release layout, for tests and demos; "
-    "its answers are meaningless"
-)
 
 #: The default state-cache budget: this share of the memory available at load, at most DEFAULT_CACHE_CAP.
 DEFAULT_CACHE_SHARE = 0.10
@@ -141,7 +136,7 @@ class LoadedModel:
     vision_tower: VisionTower
 
 
-class Clef:
+class Clef(CardedEngine):
     """A loaded Clef model with its options. Thread-safe: the model runs one step at a time under a lock;
     `prepare`, `parse` and `encode` run on any thread without it.
 
@@ -188,26 +183,17 @@ class Clef:
             device=backbone.device,
         )
         """The default head and the named tuned heads (``--head``, `load_head`)."""
-        self.calibration_card: Mapping[str, Any] | None = (
-            calibration.describe() if calibration is not None else None
+        self.card = EngineCard(
+            model=model_card(resolved.name, untrained=resolved.is_tiny),
+            options=options,
+            device=str(backbone.device),
+            weight_mode=backbone.weight_mode,
+            compute_dtype=backbone.dtype_name,
+            step_tokens=options.max_step_tokens or default_step_tokens(backbone.device),
+            calibration=calibration.describe() if calibration is not None else None,
         )
-        self.untrained = resolved.is_tiny
-        self.name = resolved.name
-        self.description = (
-            TINY_DESCRIPTION if self.untrained else f"{resolved.name}: Cloudflare's Clef decision model"
-        )
-        # The 27B release's date is not published: /v1/models then says it is unknown.
-        is_27b = resolved.name.lower() == CLEF_27B.repo_id.lower()
-        self.release_date = "2026-11-29" if self.untrained else None if is_27b else CLEF_FLASH_RELEASE_DATE
-        self.max_length = options.max_length
-        self.device = str(backbone.device)
-        """Where the model runs (``cpu``, ``cuda:0``)."""
-        self.weight_mode = backbone.weight_mode
-        """How the backbone's weights are stored (``fp32``, ``bf16-storage``, ``int8``, ...)."""
-        self.compute_dtype = backbone.dtype_name
-        """The backbone's compute dtype (``fp32`` or ``bf16``; the head always computes in fp32)."""
-        self.step_tokens = options.max_step_tokens or default_step_tokens(backbone.device)
-        """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
+        """What this engine is: its model's card, options, device, weights (``fp32``, ``bf16-storage``,
+        ``int8``, ...), compute dtype (the head always computes in fp32), step budget and calibration."""
         self.last_timings = DecisionTimings()
         self._model_lock = threading.Lock()
         # Synchronous calls run one at a time (the server's loop still interleaves with them step by step):

@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from clef_runtime.engine.card import EngineCard
 from clef_runtime.engine.head_records import HeadInfo
 from clef_runtime.engine.independent import IndependentRequest, merge_decisions, submit_parts
 from clef_runtime.engine.loop import StepRunner
-from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 
 __all__ = [
     "DecisionEngine",
     "EncodedRow",
+    "EngineCard",
     "IndependentRequest",
     "PreparedItem",
     "ReplicaReport",
@@ -92,26 +93,19 @@ class DecisionEngine(Protocol[PreparedT]):
     """A loaded model as the server uses it. ``PreparedT``: the engine's own prepared-request type; the
     server passes back exactly what `prepare` returned."""
 
-    name: str
-    """The model name answered in ``model`` and listed by ``/v1/models``."""
-    description: str
-    release_date: str | None
-    untrained: bool
-    """True for random weights (the tiny model): the server says so in ``/v1/models``."""
-    max_length: int
-    """The token limit of one request."""
-    calibration_card: Mapping[str, Any] | None
-    """The calibration applied to answers (label, file, sha256, temperatures: ``/v1/models``), or None."""
-    options: EngineOptions
-    """The options the engine was loaded with."""
-    device: str
-    """Where the model runs (``cpu``, ``cuda:0``): ``/status.json``."""
-    weight_mode: str
-    """How the weights are stored and computed (``fp32``, ``bfloat16``, ``bf16-storage``, ``int8``...)."""
-    compute_dtype: str
-    """The backbone's compute dtype, ``fp32`` or ``bf16`` (``/v1/models``, ``/status.json``, the log)."""
-    step_tokens: int
-    """The token budget of one engine step (``--max-step-tokens``, else the device's default)."""
+    card: EngineCard
+    """What the engine is: the model (name, description, release date, untrained), its options, device,
+    weights, compute dtype, step budget and calibration (``/v1/models``, ``/status.json``, the pages)."""
+
+    @property
+    def name(self) -> str:
+        """The model name answered in ``model`` and listed by ``/v1/models`` (``card.model.name``)."""
+        ...
+
+    @property
+    def step_tokens(self) -> int:
+        """The token budget of one engine step (``card.step_tokens``)."""
+        ...
 
     def prepare(
         self, request: Any, *, max_length: int | None = None

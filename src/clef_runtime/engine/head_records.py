@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -109,11 +109,6 @@ class HeadInfo:
             "calibration": dict(self.calibration) if self.calibration is not None else None,
             "loaded_at": self.loaded_at,
         }
-
-    @classmethod
-    def from_api(cls, card: Mapping[str, Any]) -> HeadInfo:
-        """The record back from `as_api` (a Ray replica's report)."""
-        return cls(**{field.name: card[field.name] for field in fields(cls)})
 
 
 class HeadError(ClefError):

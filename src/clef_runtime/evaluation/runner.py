@@ -142,7 +142,7 @@ def answer_in_process(
         source={
             "kind": "in-process",
             "model": clef.name,
-            "untrained": bool(clef.untrained),
+            "untrained": clef.card.model.untrained,
             "options": clef.options.as_dict(),
             "calibration": calibration.label if calibration is not None else None,
             "rounded": False,

@@ -52,11 +52,15 @@ __all__ = [
     "RELEASE_MODEL_TYPE",
     "REQUIRED_FILES",
     "SAFETENSORS_DTYPE_SIZES",
+    "TINY_DESCRIPTION",
+    "TINY_RELEASE_DATE",
     "CheckpointError",
     "CheckpointInfo",
     "KnownRelease",
+    "ModelCard",
     "TensorInfo",
     "known_release",
+    "model_card",
     "read_safetensors_header",
     "verify_checkpoint",
 ]
@@ -92,12 +96,14 @@ class KnownRelease:
     """A published Clef release: its Hugging Face repo id (as Cloudflare spells it), the revision
     ``--model <repo_id>`` loads when no ``@revision`` is given, and, where they are published, the byte
     sizes of that revision's files (checked by `verify_checkpoint` before anything is parsed; None where
-    they are not known, and then nothing is checked against them)."""
+    they are not known, and then nothing is checked against them) and its release date (``/v1/models``;
+    None where it is not published)."""
 
     repo_id: str
     revision: str
     title: str
     file_sizes: Mapping[str, int] | None = field(default=None, repr=False)
+    release_date: str | None = None
 
 
 # Published byte sizes of the pinned Clef-flash revision's files (docs/model.md section 2). Checked before any
@@ -122,8 +128,10 @@ CLEF_FLASH = KnownRelease(
     revision="17f0b0ad64efb65d273590632833508766b2aae6",
     title="Clef-flash (9B)",
     file_sizes=PINNED_FILE_SIZES,
+    release_date="2026-10-01",
 )
-#: Clef: the Qwen3.5-27B backbone (docs/clef-27b.md). Its file sizes are not published: none are checked.
+#: Clef: the Qwen3.5-27B backbone (docs/clef-27b.md). Its file sizes and release date are not published: no
+#: size is checked, and ``/v1/models`` says the date is unknown.
 CLEF_27B = KnownRelease(
     repo_id="Cloudflare/clef",
     revision="2f3de3dd85f379784083b0814d997ab627200f0c",
@@ -143,6 +151,35 @@ PINNED_REVISION = CLEF_FLASH.revision
 def known_release(repo_id: str) -> KnownRelease | None:
     """The known release ``repo_id`` names (any letter case, no ``@revision``), or None."""
     return KNOWN_RELEASES.get(repo_id.strip().lower())
+
+
+#: The tiny checkpoint's card: random weights in the release layout (`clef_runtime.model.tiny`).
+TINY_DESCRIPTION = (
+    "tiny: an UNTRAINED Clef checkpoint with random weights in the release layout, for tests and demos; "
+    "its answers are meaningless"
+)
+TINY_RELEASE_DATE = "2026-11-29"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """How ``/v1/models`` presents a model: its name, a one-line description, its release date (None: not
+    published) and whether its weights are random (the tiny checkpoint: the server says so)."""
+
+    name: str
+    description: str
+    release_date: str | None
+    untrained: bool = False
+
+
+def model_card(name: str, *, untrained: bool) -> ModelCard:
+    """The card of the model loaded as ``name`` (``ResolvedModel.name``). A known release's repo id gets its
+    release date; a release under another name (a local directory, a mirror) is taken for Clef-flash, the
+    release the runtime was built for."""
+    if untrained:
+        return ModelCard(name, TINY_DESCRIPTION, TINY_RELEASE_DATE, untrained=True)
+    release = known_release(name) or CLEF_FLASH
+    return ModelCard(name, f"{name}: Cloudflare's Clef decision model", release.release_date)
 
 
 # Bytes per element of every dtype the safetensors format defines.

@@ -27,17 +27,17 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+from clef_runtime.engine.card import CardedEngine, EngineCard
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError, check_pin
 from clef_runtime.engine.loop import QueueFullError, QueueTimeoutError, SchedulerClosedError
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
-from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.scale.settings import RaySettings, split_ray_values
 from clef_runtime.server.errors import ApiError
@@ -46,6 +46,8 @@ from clef_runtime.server.settings import ServerSettings
 
 __all__ = [
     "IngressEngine",
+    "ReplicaAnswer",
+    "ReplicaDescription",
     "ReplicaDispatcher",
     "ReplicaReports",
     "app_builder",
@@ -58,10 +60,6 @@ logger = logging.getLogger("clef_runtime.scale")
 APP_NAME = "clef"
 MODEL_DEPLOYMENT = "ClefModel"
 _STOP_TIMEOUT_S = 20
-_REPORT = "x_replica_report"
-"""The key of the replica's report in each answer (the ingress takes it out before the client sees it)."""
-_TIMEOUT = "x_queue_timeout"
-"""The key of a replica's queue-timeout outcome, in place of the decision."""
 _INGRESS_HEADROOM = 64
 """Requests beyond ``--max-queue`` the ingress takes in (probes, pages, bodies being read): the server's own
 429 decides overload, instead of Ray Serve's proxy queueing requests in front of a busy ingress."""
@@ -77,6 +75,39 @@ _RAY_ENVIRONMENT = {
 """Defaults for Ray's own variables (a variable already set wins), read when Ray is imported and started."""
 
 
+@dataclass(frozen=True)
+class ReplicaDescription:
+    """What a model replica tells the ingress when it is up (`ClefModel.describe`): its engine's card, its
+    heads and its first report. Pickled whole by Ray."""
+
+    card: EngineCard
+    heads: tuple[HeadInfo, ...]
+    report: ReplicaReport
+
+
+@dataclass(frozen=True)
+class ReplicaAnswer:
+    """What a model replica answers for one request (`ClefModel.decide`): its decision (naming the replica)
+    or, when the request waited past ``--queue-timeout-ms``, the timeout's figures ``(waited_s, timeout_s,
+    retry_after_s)``: plain values, the ingress raises the error itself, whatever Ray would make of a
+    pickled exception. Either way with the replica's report. Pickled whole by Ray."""
+
+    report: ReplicaReport
+    decision: Decision | None = None
+    timeout: tuple[float, float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.decision is None) == (self.timeout is None):
+            raise ValueError("a replica answers either a decision or a queue timeout")
+
+    def outcome(self) -> Decision:
+        """The decision. Raises ``QueueTimeoutError`` for a request that waited past its queue timeout."""
+        if self.timeout is not None:
+            raise QueueTimeoutError(*self.timeout)
+        assert self.decision is not None  # __post_init__: one of the two
+        return self.decision
+
+
 class ReplicaReports:
     """The latest report (process id, state-cache counters) of each model replica, from its answers.
     Thread-safe: the dispatcher's threads add, the server's info routes read."""
@@ -85,12 +116,10 @@ class ReplicaReports:
         self._lock = threading.Lock()
         self._latest: dict[str, ReplicaReport] = {}
 
-    def add(self, report: Mapping[str, Any]) -> None:
-        """Keep ``report`` (``{"replica", "pid", "cache"}``, as `ClefModel.report` makes it) as its
-        replica's latest."""
-        latest = ReplicaReport(str(report["replica"]), int(report["pid"]), dict(report["cache"]))
+    def add(self, report: ReplicaReport) -> None:
+        """Keep ``report`` (`ClefModel.report`) as its replica's latest."""
         with self._lock:
-            self._latest[latest.replica] = latest
+            self._latest[report.replica] = report
 
     def running(self, alive: set[str]) -> tuple[ReplicaReport, ...]:
         """The reports of the replicas in ``alive``, by replica id; the others' are forgotten (a replica
@@ -117,7 +146,7 @@ _FIXED_HEADS = (
 )
 
 
-class IngressEngine:
+class IngressEngine(CardedEngine):
     """The engine contract (`clef_runtime.engine.contract.DecisionEngine`) of the ingress, without the
     weights: it prepares requests (for their state keys and limits) and describes the model and its
     replicas; it has no runner (the dispatcher sends requests to the replicas)."""
@@ -129,22 +158,13 @@ class IngressEngine:
         self.handle = handle
         self.reports = reports
         # Waits until a replica is up (loaded and warmed): the ingress is ready only then.
-        info: dict[str, Any] = handle.describe.remote().result()
+        description: ReplicaDescription = handle.describe.remote().result()
         resolved = resolve_model(settings.model)
         self.preparer = RequestPreparer.from_checkpoint(resolved.path, settings.engine_options())
-        self.name: str = info["name"]
-        self.description: str = info["description"]
-        self.release_date: str | None = info["release_date"]
-        self.untrained: bool = info["untrained"]
-        self.max_length: int = info["max_length"]
-        self.calibration_card: Mapping[str, Any] | None = info["calibration_card"]
-        self.heads = tuple(HeadInfo.from_api(card) for card in info["heads"])
-        self.options: EngineOptions = info["options"]
-        self.device: str = info["device"]
-        self.weight_mode: str = info["weight_mode"]
-        self.compute_dtype: str = info["compute_dtype"]
-        self.step_tokens: int = info["step_tokens"]
-        reports.add(info["report"])
+        self.card = description.card
+        """The replicas' card: the model they serve and how."""
+        self.heads = description.heads
+        reports.add(description.report)
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Any:
         """Validate and encode (the replica encodes again; this copy decides where the request goes); a
@@ -251,12 +271,9 @@ class ReplicaDispatcher:
                 response = self.handle.decide.remote(
                     prepared, state_key=key, background=background, waited_s=waited
                 )
-                result: dict[str, Any] = response.result()
-                self.reports.add(result[_REPORT])
-                if _TIMEOUT in result:
-                    raise QueueTimeoutError(*result[_TIMEOUT])
-                decision: Decision = result["decision"]
-                return decision
+                answer: ReplicaAnswer = response.result()
+                self.reports.add(answer.report)
+                return answer.outcome()
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 if attempt == 1:
                     logger.warning("a replica died with a request in flight (%s); retrying on another", exc)
@@ -337,47 +354,30 @@ class ClefModel:
         self.loop.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ReplicaDescription:
         """What the ingress's engine needs to describe the model (`IngressEngine`), and this replica's
         report."""
-        engine = self.engine
-        return {
-            "name": engine.name,
-            "description": engine.description,
-            "release_date": engine.release_date,
-            "untrained": bool(engine.untrained),
-            "max_length": engine.max_length,
-            "calibration_card": engine.calibration_card,
-            "heads": [info.as_api() for info in engine.head_infos()],
-            "options": engine.options,
-            "device": engine.device,
-            "weight_mode": engine.weight_mode,
-            "compute_dtype": engine.compute_dtype,
-            "step_tokens": engine.step_tokens,
-            "report": self.report(),
-        }
+        return ReplicaDescription(self.engine.card, self.engine.head_infos(), self.report())
 
-    def report(self) -> dict[str, Any]:
-        """This replica's id, process id and state-cache counters (`ReplicaReports.add` reads it)."""
-        return {"replica": self.replica_id, "pid": os.getpid(), "cache": self.engine.cache_stats()}
+    def report(self) -> ReplicaReport:
+        """This replica's id, process id and state-cache counters (for `ReplicaReports`)."""
+        return ReplicaReport(self.replica_id, os.getpid(), self.engine.cache_stats())
 
     async def decide(
         self, prepared: Any, state_key: str | None = None, background: bool = False, waited_s: float = 0.0
-    ) -> dict[str, Any]:
+    ) -> ReplicaAnswer:
         """Answer one prepared request (``state_key`` is read by the router only; ``background``: a
         batch-job line, run only when no interactive request waits; ``waited_s``: its wait before it came
-        here, counted against the queue timeout). Returns ``{"decision": Decision}`` (naming this replica)
-        with this replica's report (for the ingress), or ``{_TIMEOUT: [waited, timeout, retry_after]}`` when
-        it waited past ``--queue-timeout-ms`` (a plain value: the ingress raises the error itself, whatever
-        Ray would make of a pickled exception)."""
+        here, counted against the queue timeout): its decision, naming this replica, or its queue timeout,
+        with this replica's report."""
         future = self.loop.submit(
             prepared, prepared.record.input_tokens, background=background, waited_s=waited_s
         )
         try:
             decision = await asyncio.wrap_future(future)
         except QueueTimeoutError as exc:
-            return {_TIMEOUT: [exc.waited_s, exc.timeout_s, exc.retry_after_s], _REPORT: self.report()}
-        return {"decision": dataclasses.replace(decision, replica=self.replica_id), _REPORT: self.report()}
+            return ReplicaAnswer(self.report(), timeout=(exc.waited_s, exc.timeout_s, exc.retry_after_s))
+        return ReplicaAnswer(self.report(), decision=dataclasses.replace(decision, replica=self.replica_id))
 
     def __del__(self) -> None:
         loop = getattr(self, "loop", None)

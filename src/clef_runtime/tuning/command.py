@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from clef_runtime.evaluation.runner import progress_bar
 from clef_runtime.options import MODEL_OPTION, EngineOptions, OptionsError, read_option_values
 from clef_runtime.protocol.errors import ClefError
 from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
-from clef_runtime.tuning.arguments import DEFAULT_LR
+from clef_runtime.tuning.arguments import TuneSettings, TuneSettingsError
 from clef_runtime.tuning.features import (
     FILE_MODE,
     FeatureStats,
@@ -48,10 +47,9 @@ from clef_runtime.tuning.features import (
     model_fingerprint,
     row_key,
 )
-from clef_runtime.tuning.objective import LossWeights
 from clef_runtime.tuning.report import build_report, head_outcomes, text_summary
 from clef_runtime.tuning.rows import RowProblem, TuneRow, prepare_rows
-from clef_runtime.tuning.trainer import TrainSettings, TuningData, train_head
+from clef_runtime.tuning.trainer import TuningData, settings_report, train_head
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -62,7 +60,6 @@ __all__ = [
     "check_out",
     "run_tune",
     "separable_types",
-    "settings_from_args",
     "tune",
 ]
 
@@ -98,12 +95,10 @@ class TuneJob:
     cases: list[Case]
     cases_path: str
     out: Path
-    settings: TrainSettings
+    settings: TuneSettings = field(default_factory=TuneSettings)
     holdout: list[Case] | None = None
     holdout_path: str | None = None
-    holdout_fraction: float = 0.2
     cache_dir: Path | None = None
-    feature_batch_size: int = 8
     calibrate: bool = False
     show_progress: bool = True
     force: bool = False
@@ -223,7 +218,7 @@ def _feature_pass(
             rows,
             prepared,
             store,
-            batch_size=job.feature_batch_size,
+            batch_size=job.settings.feature_batch_size,
             progress=bar.update if bar is not None else None,
         )
     except ClefError as error:
@@ -252,7 +247,7 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
     if lines:
         raise TuneError(f"{len(lines)} case(s) the engine cannot take", EXIT_USAGE, lines)
     train_rows, held_rows, holdout_source = _split(
-        rows, holdout_rows, job.holdout_fraction, job.settings.seed
+        rows, holdout_rows, job.settings.holdout_fraction, job.settings.seed
     )
     if not train_rows:
         raise TuneError(
@@ -274,7 +269,11 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
         bar = progress_bar(job.settings.epochs * len(train), "tune") if job.show_progress else None
         try:
             result = train_head(
-                start_head, train, holdout, job.settings, progress=bar.update if bar is not None else None
+                start_head,
+                train,
+                holdout,
+                job.settings,
+                progress=bar.update if bar is not None else None,
             )
         finally:
             if bar is not None:
@@ -340,7 +339,10 @@ def tune(clef: Any, job: TuneJob) -> dict[str, Any]:
     report = build_report(
         model=clef.name,
         result=result,
-        settings={**job.settings.as_dict(), "feature_batch_size": job.feature_batch_size},
+        settings={
+            **settings_report(job.settings),
+            "feature_batch_size": job.settings.feature_batch_size,
+        },
         before=before,
         after=after,
         counts=counts,
@@ -385,38 +387,6 @@ def _load_cases(path: str) -> list[Case]:
         ) from None
 
 
-def settings_from_args(args: argparse.Namespace) -> TrainSettings:
-    """The run's settings from the flags. Raises TuneError (usage) for a value out of range."""
-    checks = [
-        (args.epochs >= 1, "--epochs must be at least 1"),
-        (args.patience >= 1, "--patience must be at least 1"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
-        (args.feature_batch_size >= 1, "--feature-batch-size must be at least 1"),
-        (0 < args.holdout_fraction < 1, "--holdout-fraction must be between 0 and 1"),
-        (args.lr is None or (math.isfinite(args.lr) and args.lr > 0), "--lr must be a positive number"),
-        (0 <= args.label_smoothing < 1, "--label-smoothing must be in [0, 1)"),
-        (args.brier_weight >= 0 and args.ordinal_weight >= 0, "loss weights must be at least 0"),
-        (args.weight_decay >= 0, "--weight-decay must be at least 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise TuneError(message, EXIT_USAGE)
-    return TrainSettings(
-        tier=args.tier,
-        lr=args.lr if args.lr is not None else DEFAULT_LR[args.tier],
-        epochs=args.epochs,
-        patience=args.patience,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        weight_decay=args.weight_decay,
-        loss=LossWeights(
-            label_smoothing=args.label_smoothing,
-            brier_weight=args.brier_weight,
-            ordinal_weight=args.ordinal_weight,
-        ),
-    )
-
-
 def _load_engine(args: argparse.Namespace, options: EngineOptions) -> Any:
     from clef_runtime.engine.clef import Clef
     from clef_runtime.model.checkpoint import CheckpointError
@@ -438,7 +408,10 @@ def _has_expected(cases: Sequence[Case]) -> bool:
 def run_tune(args: argparse.Namespace) -> int:
     """``clef tune``. Returns the exit status."""
     try:
-        settings = settings_from_args(args)
+        try:
+            settings = TuneSettings.from_args(args)
+        except TuneSettingsError as error:
+            raise TuneError(str(error), EXIT_USAGE) from None
         out = Path(args.out)
         check_out(out, args.force)
         if args.cache_dir and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
@@ -464,9 +437,7 @@ def run_tune(args: argparse.Namespace) -> int:
             settings=settings,
             holdout=holdout,
             holdout_path=args.holdout,
-            holdout_fraction=args.holdout_fraction,
             cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-            feature_batch_size=args.feature_batch_size,
             calibrate=args.calibrate,
             force=args.force,
         )

@@ -86,10 +86,10 @@ def model_fingerprint(clef: Any) -> dict[str, Any]:
         "revision": clef.resolved.revision,
         "path": str(path.resolve()),
         "files": [list(entry) for entry in files],
-        "dtype": clef.compute_dtype,
-        "weights": clef.weight_mode,
-        "int8_layers": clef.options.int8_layers if clef.weight_mode == "int8" else None,
-        "device": torch.device(clef.device).type,
+        "dtype": clef.card.compute_dtype,
+        "weights": clef.card.weight_mode,
+        "int8_layers": clef.options.int8_layers if clef.card.weight_mode == "int8" else None,
+        "device": torch.device(clef.card.device).type,
     }
 
 

@@ -23,13 +23,14 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from clef_runtime.model.head import JointSchemaHead, OptionFeatures
+from clef_runtime.tuning.arguments import TuneSettings
 from clef_runtime.tuning.features import RowFeatures
 from clef_runtime.tuning.objective import LossWeights, QuestionIndex, question_losses, question_nll
 from clef_runtime.tuning.rows import TuneRow
@@ -38,9 +39,9 @@ __all__ = [
     "TIER_PARAMETERS",
     "EpochRecord",
     "TrainResult",
-    "TrainSettings",
     "TuningData",
     "row_logits",
+    "settings_report",
     "train_head",
     "trainable_names",
 ]
@@ -71,38 +72,25 @@ def trainable_names(head: JointSchemaHead, tier: str) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """One run's hyper-parameters (the CLI's flags; defaults in `clef_runtime.tuning.arguments`)."""
-
-    tier: str
-    lr: float
-    epochs: int
-    patience: int
-    batch_size: int
-    seed: int
-    weight_decay: float = 0.0
-    loss: LossWeights = field(default_factory=LossWeights)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings for the report."""
-        return {
-            "tier": self.tier,
-            "lr": self.lr,
-            "epochs": self.epochs,
-            "patience": self.patience,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "weight_decay": self.weight_decay,
-            "optimizer": "AdamW",
-            "max_grad_norm": MAX_GRAD_NORM,
-            "loss": {
-                "cross_entropy_weight": 1.0,
-                "label_smoothing": self.loss.label_smoothing,
-                "brier_weight": self.loss.brier_weight,
-                "ordinal_weight": self.loss.ordinal_weight,
-            },
-        }
+def settings_report(settings: TuneSettings) -> dict[str, Any]:
+    """A run's hyper-parameters for the report (the learning rate resolved by tier)."""
+    return {
+        "tier": settings.tier,
+        "lr": settings.learning_rate,
+        "epochs": settings.epochs,
+        "patience": settings.patience,
+        "batch_size": settings.batch_size,
+        "seed": settings.seed,
+        "weight_decay": settings.weight_decay,
+        "optimizer": "AdamW",
+        "max_grad_norm": MAX_GRAD_NORM,
+        "loss": {
+            "cross_entropy_weight": 1.0,
+            "label_smoothing": settings.label_smoothing,
+            "brier_weight": settings.brier_weight,
+            "ordinal_weight": settings.ordinal_weight,
+        },
+    }
 
 
 class TuningData:
@@ -202,7 +190,7 @@ def train_head(
     start: JointSchemaHead,
     train: TuningData,
     holdout: TuningData,
-    settings: TrainSettings,
+    settings: TuneSettings,
     *,
     progress: Callable[[int], Any] | None = None,
 ) -> TrainResult:
@@ -221,10 +209,10 @@ def train_head(
         if name in trainable:
             parameters.append(parameter)
     optimizer = torch.optim.AdamW(
-        parameters, lr=settings.lr, weight_decay=settings.weight_decay, foreach=False
+        parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay, foreach=False
     )
     generator = torch.Generator().manual_seed(settings.seed)
-    weights = settings.loss
+    weights = LossWeights(settings.label_smoothing, settings.brier_weight, settings.ordinal_weight)
 
     def snapshot() -> dict[str, Tensor]:
         return {name: p.detach().clone() for name, p in head.named_parameters() if name in trainable}

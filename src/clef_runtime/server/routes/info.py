@@ -151,12 +151,13 @@ async def models(request: Request) -> JSONResponse:
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
-    release_date = engine.release_date or UNKNOWN_RELEASE_DATE
-    untrained = engine.untrained
-    calibration = engine.calibration_card
+    model = engine.card.model
+    release_date = model.release_date or UNKNOWN_RELEASE_DATE
+    untrained = model.untrained
+    calibration = engine.card.calibration
     # The confidence definition of choice/score answers (--confidence): clients can check it is theirs.
-    confidence = engine.options.confidence
-    card = {"name": engine.name, "description": engine.description, "release_date": release_date}
+    confidence = engine.card.options.confidence
+    card = {"name": engine.name, "description": model.description, "release_date": release_date}
     openai_entry = {
         "id": engine.name,
         "object": "model",
@@ -166,7 +167,7 @@ async def models(request: Request) -> JSONResponse:
         "x_calibration": dict(calibration) if calibration is not None else None,
         "confidence": confidence,
         # The backbone's compute dtype (--dtype): bf16 answers drift slightly from the fp32 reference.
-        "compute_dtype": engine.compute_dtype,
+        "compute_dtype": engine.card.compute_dtype,
     }
     heads = engine.head_infos()
     default = next(info for info in heads if info.default)
