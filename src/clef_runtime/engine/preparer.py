@@ -29,8 +29,8 @@ from clef_runtime.engine.images import (
 from clef_runtime.engine.independent import IndependentRequest
 from clef_runtime.engine.state_cache import root_key, state_key
 from clef_runtime.options import EngineOptions
-from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts, parse_request
+from clef_runtime.protocol.images import parse_with_images
+from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts
 
 __all__ = ["PreparedRequest", "RequestPreparer"]
 
@@ -116,8 +116,7 @@ class RequestPreparer:
         does not fit ``max_length``). ``resolve_head``: the request's head, attached to every part (it
         raises ``HeadError`` before any image is decoded).
         """
-        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
-        parsed = parse_request(body)
+        parsed, sources = parse_with_images(request)
         head = resolve_head(parsed) if resolve_head is not None else None
         images = prepare_images(sources, self.image_settings) if sources else ()
         parts = [self._prepare_one(part, images, max_length, head) for part in independent_parts(parsed)]
