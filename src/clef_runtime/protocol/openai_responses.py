@@ -83,21 +83,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from clef_runtime.protocol import openai_schema
 from clef_runtime.protocol.errors import RequestValidationError
-from clef_runtime.protocol.openai_schema import (
-    DecisionPlan,
-    Loc,
-    PartKinds,
-    check_single_answer,
-    checked_role,
-    content_pieces,
-    decided_arguments,
-    decision_body,
-    field_logprobs,
-    input_token_counts,
-    route_error_loc,
-    schema_questions,
-)
+from clef_runtime.protocol.openai_schema import DecisionPlan, Loc, PartKinds
 from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
 from clef_runtime.protocol.plain_errors import validate_object
 
@@ -214,7 +202,7 @@ RESPONSES_PARTS = PartKinds(
 
 def _pieces(content: Any, loc: Loc, images: list[Any], image_locs: list[Loc]) -> list[str]:
     """The texts of a message's content (or a function call's output); image parts go to ``images``."""
-    return content_pieces(content, loc, images, image_locs, RESPONSES_PARTS)
+    return openai_schema.content_pieces(content, loc, images, image_locs, RESPONSES_PARTS)
 
 
 def _call(item: dict[str, Any], loc: Loc) -> dict[str, Any]:
@@ -251,7 +239,7 @@ def _state_of(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | str, li
         kind = item.get("type") or "message"
         entry: dict[str, Any] | None = None
         if kind == "message":
-            role = checked_role(item.get("role"), (*loc, "role"), RESPONSES_ROLES)
+            role = openai_schema.checked_role(item.get("role"), (*loc, "role"), RESPONSES_ROLES)
             pieces = _pieces(item.get("content"), (*loc, "content"), images, image_locs)
             if pieces:
                 entry = {"role": role, "content": pieces[0] if len(pieces) == 1 else pieces}
@@ -296,7 +284,7 @@ def _state_of(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | str, li
 
 def _unsupported(request: ResponsesRequest) -> None:
     """Refuse what cannot be honoured, naming the field."""
-    check_single_answer(request.n)
+    openai_schema.check_single_answer(request.n)
     stored = (
         ("previous_response_id", request.previous_response_id),
         ("conversation", request.conversation),
@@ -394,9 +382,9 @@ def to_systemone(request: ResponsesRequest) -> tuple[dict[str, Any], ResponsesPl
             "json_object format has no schema to decide)",
             "missing_schema",
         )
-    questions, fields = schema_questions(schema, schema_loc)
+    questions, fields = openai_schema.schema_questions(schema, schema_loc)
     state, images, image_locs = _state_of(request)
-    body = decision_body(questions, state, images, request.model)
+    body = openai_schema.decision_body(questions, state, images, request.model)
     plan = ResponsesPlan(
         fields=fields,
         schema_loc=schema_loc,
@@ -414,14 +402,16 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ResponsesPlan) -> tuple[Any,
     """The location in the Responses request of an error found in the mapped System One request:
     ``questions.<name>...`` -> the schema property, ``images[k]`` -> its input part, ``state`` ->
     ``input``."""
-    return route_error_loc(loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("input",))
+    return openai_schema.route_error_loc(
+        loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("input",)
+    )
 
 
 # ------------------------------------------------------------------------------------------- response
 
 
 def _usage(systemone: dict[str, Any]) -> dict[str, Any]:
-    prompt, cached = input_token_counts(systemone)
+    prompt, cached = openai_schema.input_token_counts(systemone)
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached},
@@ -439,10 +429,10 @@ def to_response(
     Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` copied when present).
     Raises KeyError only for a malformed engine response (a server bug).
     """
-    answers, typed, arguments = decided_arguments(systemone, plan.fields)
+    answers, typed, arguments = openai_schema.decided_arguments(systemone, plan.fields)
     item: dict[str, Any]
     if plan.tool_name is None:
-        logprobs = field_logprobs(answers, typed, plan.fields) if plan.logprobs else []
+        logprobs = openai_schema.field_logprobs(answers, typed, plan.fields) if plan.logprobs else []
         text = {"type": "output_text", "text": arguments, "annotations": [], "logprobs": logprobs}
         item = {
             "type": "message",
