@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check.json"
-    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    arguments = ["--device", "cpu", "--smoke", "--requests", "2", "--json", str(out)]
     done = subprocess.run(
-        [sys.executable, script, "--device", "cpu", "--smoke", "--requests", "2", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.gpu_check", *arguments],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
@@ -48,7 +49,8 @@ def test_gpu_check_refuses_cuda_without_a_device(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")  # the refusal is what is tested, not the GPU run
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--json", str(tmp_path / "r.json")],
+        [sys.executable, "-m", "benchmarks.gpu_check", "--json", str(tmp_path / "r.json")],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

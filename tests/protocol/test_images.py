@@ -318,4 +318,3 @@ def test_parse_with_images_names_a_bad_image_and_a_bad_field():
     with pytest.raises(RequestValidationError) as bad_field:
         parse_with_images(request(questions={}))
     assert bad_field.value.errors[0]["loc"][0] == "questions"
-

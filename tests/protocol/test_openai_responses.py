@@ -28,6 +28,7 @@ from clef_runtime.protocol.openai_responses import (
     translate_error_loc,
 )
 from clef_runtime.protocol.systemone import parse_request
+from tests.protocol.openai_replies import ENGINE_REPLY as SYSTEMONE
 
 SCHEMA = {"type": "object", "properties": {"urgent": {"type": "boolean"}}}
 FORMAT = {"type": "json_schema", "name": "t", "schema": SCHEMA, "strict": True}
@@ -429,27 +430,6 @@ def test_input_is_required() -> None:
 
 # ------------------------------------------------------------------------------------------- response
 
-SYSTEMONE = {
-    "model": "gpt-x",
-    "answers": {
-        "team": {
-            "type": "choice",
-            "choice": "tech",
-            "confidence": 0.6,
-            "probabilities": {"billing": 0.3, "tech": 0.6, "sales": 0.1},
-        },
-        "urgent": {"type": "noul", "noul": 0.25},
-        "priority": {
-            "type": "score",
-            "score": 1.1,
-            "confidence": 0.5,
-            "legend": {"0": "1", "1": "2", "2": "3"},
-            "probabilities": {"0": 0.2, "1": 0.5, "2": 0.3},
-        },
-    },
-    "usage": {"input_tokens": 42, "output_tokens": 0, "input_tokens_details": {"cached_tokens": 36}},
-    "x_state_cache": "partial",
-}
 TICKET_FORMAT = {"format": {"type": "json_schema", "name": "ticket", "schema": Ticket.model_json_schema()}}
 
 

@@ -1,0 +1,7 @@
+"""``python -m benchmarks.engine_bench``: see the package docstring."""
+
+import sys
+
+from benchmarks.engine_bench.cli import main
+
+sys.exit(main())
