@@ -26,7 +26,7 @@ from clef_runtime.engine.images import (
     load_processor_config,
     prepare_images,
 )
-from clef_runtime.engine.independent import IndependentRequest
+from clef_runtime.engine.independent import IndependentRequest, RecordTokens
 from clef_runtime.engine.state_cache import root_key, state_key
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.images import parse_with_images
@@ -36,7 +36,7 @@ __all__ = ["PreparedRequest", "RequestPreparer"]
 
 
 @dataclass(frozen=True, eq=False)
-class PreparedRequest:
+class PreparedRequest(RecordTokens):
     """A request ready for `Clef.decide_encoded`: the parsed request (images taken out), its encoded row,
     its images preprocessed for the vision tower (in block order) and its state-cache key.
 
@@ -68,16 +68,6 @@ class PreparedRequest:
         object.__setattr__(
             self, "root_key", root_key(self.record.input_ids[: self.record.state_start], digests)
         )
-
-    @property
-    def input_tokens(self) -> int:
-        """The number of tokens the model reads (``usage.input_tokens``)."""
-        return self.record.input_tokens
-
-    @property
-    def truncated_state_tokens(self) -> int:
-        """State tokens cut to fit the token limit."""
-        return self.record.truncated_state_tokens
 
 
 class RequestPreparer:
