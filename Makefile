@@ -51,7 +51,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python -m mypy
 
 bench: $(DEV_STAMP)
-	$(BIN)/python benchmarks/suite.py
+	$(BIN)/python -m benchmarks.suite
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,7 +1,7 @@
 """Batching and the warm path through a real ``clef serve`` process, on the hidden-512 / 8-layer medium model.
 
 Two servers run one after the other on the same random checkpoint (the ``medium`` benchmark model of
-`benchmarks.lib.models`):
+`devtools.models`):
 ``capped`` (the default: `Backbone.extend` splits a batch into calls of at most 4,096 rows x tokens) and
 ``uncapped`` (the previous behaviour: one call per batch, cut only at snapshots), started with the
 module default patched before load. Each server gets, with fresh states every pass (so no state-cache
@@ -18,8 +18,8 @@ process, after the server is stopped.
 Every figure is repeated (``--reps`` sequential / concurrent pass pairs, default 3; ``--warm-reps`` cold
 states with 3 warm schemas each, default 3) and reported with its spread over the repetitions.
 
-    python benchmarks/bench_batching.py --skip-uncapped --json benchmarks/results/batching-2.json
-    python benchmarks/bench_batching.py --quick --json /tmp/batching.json     # smoke run on tiny (seconds)
+    python -m benchmarks.bench_batching --skip-uncapped --json benchmarks/results/batching-2.json
+    python -m benchmarks.bench_batching --quick --json /tmp/batching.json     # smoke run on tiny (seconds)
 
 Not a test: figures depend on the machine and its load (recorded in the JSON).
 """
@@ -38,15 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.flags import engine_options
-from benchmarks.lib.harness import Load, ServerProcess, post_all, start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import spread
+from devtools.flags import engine_options
+from devtools.harness import Load, ServerProcess, post_all, start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import spread
 
 WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
 

@@ -1,34 +1,28 @@
 """CPU time per token and row of `Backbone.extend`: one row alone vs 16 rows in one call vs 16 rows in calls
 of 512 / 256 / 128 / 64 tokens, on the hidden-512 / 8-layer ``medium`` benchmark model
-(`benchmarks.lib.models`).
+(`devtools.models`).
 
 One intra-op thread and process CPU time, so that other jobs on a shared machine change the figures little;
 each figure is the fastest of ``--reps`` runs (every run kept with its spread). This is the profile behind
 `DEFAULT_MAX_CALL_TOKENS`.
 
-    python benchmarks/bench_call_cap.py --json benchmarks/results/call_cap.json
-    python benchmarks/bench_call_cap.py --quick --json /tmp/call_cap.json     # smoke run on tiny (seconds)
+    python -m benchmarks.bench_call_cap --json benchmarks/results/call_cap.json
+    python -m benchmarks.bench_call_cap --quick --json /tmp/call_cap.json     # smoke run on tiny (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.flags import engine_options
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import spread
+from devtools.flags import engine_options
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import spread
 
 
 def main(argv: Sequence[str] | None = None) -> int:

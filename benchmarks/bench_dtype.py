@@ -20,9 +20,9 @@ Not a test. Three phases (``--phases``, default all):
   block's own Linear shapes at that length, measured in the same process, and each mode's final hidden rows
   against fp32's on one fixed request (relative L2 per row: what the head reads).
 
-    python benchmarks/bench_dtype.py --json benchmarks/results/dtype-<date>.json
-    python benchmarks/bench_dtype.py --phases realwidth --profile     # where each mode's time goes
-    python benchmarks/bench_dtype.py --quick                           # smoke run on tiny (seconds)
+    python -m benchmarks.bench_dtype --json benchmarks/results/dtype-<date>.json
+    python -m benchmarks.bench_dtype --phases realwidth --profile     # where each mode's time goes
+    python -m benchmarks.bench_dtype --quick                           # smoke run on tiny (seconds)
 """
 
 from __future__ import annotations
@@ -43,15 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.gemm import GemmShape, gemm_limit, measure_gemm
-from benchmarks.lib.harness import start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import spread
+from devtools.gemm import GemmShape, gemm_limit, measure_gemm
+from devtools.harness import start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import spread
 
 PHASES = ("server", "drift", "realwidth")
 _TEXT = (
@@ -276,8 +272,8 @@ def _profile(clef: Any, body: dict[str, Any], top: int = 10) -> list[dict[str, A
 
 def run_realwidth_phase(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from devtools.gemm import linear_shapes
 
-    from benchmarks.lib.gemm import linear_shapes
     from clef_runtime.engine.clef import Clef
 
     model = resolve_model(args.realwidth_model)

@@ -10,7 +10,7 @@ Baseline: the plain reference way, each piece tokenized with one ``encode`` call
 Each workload runs for ``--seconds`` per pass, ``--reps`` passes (default 3) interleaved with the other
 workloads; requests/s is reported as the median with its spread over the passes.
 
-Run: ``taskset -c 0 python benchmarks/bench_encode.py [--seconds 3] [--json out.json]``, or ``--quick``
+Run: ``taskset -c 0 python -m benchmarks.bench_encode [--seconds 3] [--json out.json]``, or ``--quick``
 for a smoke run (a fraction of a second per workload).
 """
 
@@ -21,16 +21,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAYON_RS_NUM_CPUS", "1")  # tokenizers' thread pool: one core, as the target says
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import spread
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import spread
+
 from clef_runtime.encoding.encoder import Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
 from clef_runtime.encoding.tokenizer import ClefTokenizer

@@ -21,9 +21,9 @@ With ``--baseline-src DIR`` (a ``src`` directory of another checkout: ``git work
 Every response's engine timing headers (``x-queue-time``, ``x-inference-time``, ``X-Clef-Steps``) are kept
 when the server sends them.
 
-    python benchmarks/bench_engine.py --json benchmarks/results/engine-<date>.json
-    python benchmarks/bench_engine.py --baseline-src /tmp/base/src --models medium-1024x4
-    python benchmarks/bench_engine.py --quick          # smoke run on tiny (seconds)
+    python -m benchmarks.bench_engine --json benchmarks/results/engine-<date>.json
+    python -m benchmarks.bench_engine --baseline-src /tmp/base/src --models medium-1024x4
+    python -m benchmarks.bench_engine --quick          # smoke run on tiny (seconds)
 
 Not a test: figures depend on the machine and its load (recorded in the JSON).
 """
@@ -43,14 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import ServerProcess, start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import spread
+from devtools.harness import ServerProcess, start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import spread
 
 WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
 QUESTIONS = {

@@ -1,7 +1,7 @@
 """Growing-state benchmark: a state that extends one already seen, through a real server, against cold.
 
 Two ``clef serve`` processes run side by side on the ``medium`` benchmark model (hidden 512, 8 layers;
-`benchmarks.lib.models`): one with the state cache (the prefix tree), one with ``--cache-mb 0`` (every
+`devtools.models`): one with the state cache (the prefix tree), one with ``--cache-mb 0`` (every
 state computed from the prompt prefix). Requests alternate between them so that other load on the machine
 affects both alike.
 
@@ -14,9 +14,9 @@ affects both alike.
 
 Each speed-up is reported with its spread over the rounds (extend) and the repetitions (agent).
 
-    python benchmarks/bench_growing.py                 # a new results file in benchmarks/results/
-    python benchmarks/bench_growing.py --rounds 3 --steps 10 --output /tmp/growing.json
-    python benchmarks/bench_growing.py --quick --output /tmp/growing.json   # smoke run on tiny (seconds)
+    python -m benchmarks.bench_growing                 # a new results file in benchmarks/results/
+    python -m benchmarks.bench_growing --rounds 3 --steps 10 --output /tmp/growing.json
+    python -m benchmarks.bench_growing --quick --output /tmp/growing.json   # smoke run on tiny (seconds)
 
 Not a test: numbers depend on the machine.
 """
@@ -35,14 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import ServerProcess, start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import spread
+from devtools.harness import ServerProcess, start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import spread
 
 WORDS = ["charged", "twice", "refund", "order", "invoice", "march", "please", "today", "bank", "dispute"]
 WORDS += ["shipping", "late", "broken", "screen", "login", "password", "upgrade", "plan", "thanks", "again"]

@@ -16,8 +16,8 @@ Not a test. Sections (``--sections``, all by default), each measured in this one
   mean |dp| over every option probability, top-1 agreement per question; then backbone prefill seconds at
   ``--prefill-tokens`` for the three, interleaved, ``--repeats`` times.
 
-    python benchmarks/bench_int8.py --json benchmarks/results/int8.json
-    python benchmarks/bench_int8.py --quick --json /tmp/int8.json          # smoke run on tiny (seconds)
+    python -m benchmarks.bench_int8 --json benchmarks/results/int8.json
+    python -m benchmarks.bench_int8 --quick --json /tmp/int8.json          # smoke run on tiny (seconds)
 """
 
 from __future__ import annotations
@@ -31,19 +31,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 import torch.nn.functional as F
+from devtools.flags import engine_options
+from devtools.gemm import QUICK_SHAPES, GemmShape
+from devtools.models import GEOMETRIES, model_directory, resolve_model
+from devtools.requests import answer_vectors, drift, generated_requests
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import Samples, repeat, spread
 from torch import nn
 
-from benchmarks.lib.flags import engine_options
-from benchmarks.lib.gemm import QUICK_SHAPES, GemmShape
-from benchmarks.lib.models import GEOMETRIES, model_directory, resolve_model
-from benchmarks.lib.requests import answer_vectors, drift, generated_requests
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import Samples, repeat, spread
 from clef_runtime.model.quantize import Int8Linear
 
 SECTIONS = ("kernels", "memory", "drift")

@@ -13,8 +13,8 @@ with its range. Writes raw JSON and a markdown table.
 
 Usage::
 
-    python benchmarks/bench_jobs.py --out benchmarks/results/jobs-2.json
-    python benchmarks/bench_jobs.py --quick --out /tmp/jobs.json          # smoke run (seconds)
+    python -m benchmarks.bench_jobs --out benchmarks/results/jobs-2.json
+    python -m benchmarks.bench_jobs --quick --out /tmp/jobs.json          # smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import percentile, spread
+from devtools.harness import start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import percentile, spread
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},

@@ -1,7 +1,7 @@
 """Prefill time of a random Qwen3.5 text model with transformers' reference GDN kernels vs ours.
 
 Not a test. Builds the text stack of a benchmark model (``--model``, default ``medium-1024``: hidden 1,024,
-8 layers in the 3:1 DeltaNet/attention pattern with the release's head dims; `benchmarks.lib.models`) in
+8 layers in the 3:1 DeltaNet/attention pattern with the release's head dims; `devtools.models`) in
 memory with a small vocabulary, then times full-sequence prefills at each T with the reference kernels and
 with ``install_cpu_kernels``, alternating between the two, and prints one JSON object.
 
@@ -16,8 +16,8 @@ process CPU time), every sample kept; compare the two kernels only within one ru
 with ``OMP_WAIT_POLICY=PASSIVE`` (see ``RECOMMENDED_CPU_ENVIRONMENT``), else 2-thread timings are dominated
 by OpenMP threads spinning at barriers.
 
-    python benchmarks/bench_kernels.py --T 1024,2048 --profile --json /tmp/kernels.json
-    python benchmarks/bench_kernels.py --quick                 # smoke run (medium, T = 128, seconds)
+    python -m benchmarks.bench_kernels --T 1024,2048 --profile --json /tmp/kernels.json
+    python -m benchmarks.bench_kernels --quick                 # smoke run (medium, T = 128, seconds)
 """
 
 from __future__ import annotations
@@ -31,18 +31,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import spread
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import spread
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from benchmarks.lib.models import GEOMETRIES
+    from devtools.models import GEOMETRIES
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", choices=sorted(GEOMETRIES), default="medium-1024")
@@ -67,9 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = configure_cpu_threads(args.threads, flush_denormal=not args.no_flush_denormal)
 
     import torch
-
-    from benchmarks.lib.gemm import gemm_limit, model_shapes
-    from benchmarks.lib.models import text_model
+    from devtools.gemm import gemm_limit, model_shapes
+    from devtools.models import text_model
 
     model = text_model(args.model, vocab_size=args.vocab)
     lengths = [int(t) for t in args.T.split(",")]

@@ -1,14 +1,14 @@
 """Model benchmark: ``decide`` latency on the tiny and the hidden-1,024 benchmark model, split into encode /
 backbone / head / answer time, and the backbone's FLOP/s as a fraction of the GEMM limit over the model's own
 shapes, measured in the same run. Each figure sits beside the reference-way baseline that
-`benchmarks/engine_bench.py` implements.
+`benchmarks/engine_bench/` implements.
 
-This is the ``gemm`` + ``latency`` part of ``benchmarks/engine_bench.py``; each model runs in a fresh process
+This is the ``gemm`` + ``latency`` part of ``benchmarks/engine_bench/``; each model runs in a fresh process
 (clean peak RSS, no allocator state carried over).
 
-    python benchmarks/bench_model.py                          # tiny + medium-1024, default mode
-    python benchmarks/bench_model.py --models tiny --quick --out /tmp/model.json
-    python benchmarks/bench_model.py --out benchmarks/results/model-2.json
+    python -m benchmarks.bench_model                          # tiny + medium-1024, default mode
+    python -m benchmarks.bench_model --models tiny --quick --out /tmp/model.json
+    python -m benchmarks.bench_model --out benchmarks/results/model-2.json
 
 Not a test: the numbers depend on the machine and on whatever else runs on it (the load average is
 recorded with every figure).
@@ -24,10 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from devtools.results import command_line, default_output, write_json
 
-from benchmarks.lib.results import command_line, default_output, write_json
 from benchmarks.suite import add_mode_arguments, mode_of, run_engine_bench
 
 

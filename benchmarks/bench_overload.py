@@ -15,8 +15,8 @@ the other. For each of ``--reps`` repetitions: the capacity is measured again (c
   bounded by ``--cache-mb``, fills there) to the end: under 25% growth in a repetition, under 10% over the
   soak.
 
-    python benchmarks/bench_overload.py --model medium --json benchmarks/results/overload-<date>.json
-    python benchmarks/bench_overload.py --quick                  # smoke run on tiny (a minute)
+    python -m benchmarks.bench_overload --model medium --json benchmarks/results/overload-<date>.json
+    python -m benchmarks.bench_overload --quick                  # smoke run on tiny (a minute)
 """
 
 from __future__ import annotations
@@ -24,20 +24,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.open_loop import capacity, overload_failures, p99_bound_s, run_open_loop
-from benchmarks.lib.requests import generated_requests
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import spread
+from devtools.harness import start_clef_server
+from devtools.models import resolve_model
+from devtools.open_loop import capacity, overload_failures, p99_bound_s, run_open_loop
+from devtools.requests import generated_requests
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import spread
 
 RUN_RSS_TOLERANCE = 0.25
 SOAK_RSS_TOLERANCE = 0.10

@@ -17,8 +17,8 @@ per pass with their spread. Writes raw JSON and a markdown table.
 
 Usage::
 
-    python benchmarks/bench_ray.py --out benchmarks/results/ray-2.json
-    python benchmarks/bench_ray.py --quick --out /tmp/ray.json           # smoke run (a minute: Ray starts)
+    python -m benchmarks.bench_ray --out benchmarks/results/ray-2.json
+    python -m benchmarks.bench_ray --quick --out /tmp/ray.json           # smoke run (a minute: Ray starts)
 """
 
 from __future__ import annotations
@@ -37,14 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import ServerProcess, start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import spread
+from devtools.harness import ServerProcess, start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import spread
 
 WORDS = ("order", "refund", "charged", "twice", "invoice", "login", "crash", "delivery", "late", "address")
 

@@ -2,7 +2,7 @@
 
 Not a test. The ``wide`` benchmark block, 4 Qwen3.5-9B layers in the release's 3:1 pattern (3 Gated
 DeltaNet + 1 attention: hidden 4096, intermediate 12288, the real attention and DeltaNet head dims; random
-weights from the checkpoint recipe, `benchmarks.lib.models.text_model`), is timed as a full prefill
+weights from the checkpoint recipe, `devtools.models.text_model`), is timed as a full prefill
 (``use_cache=False``, clef's CPU kernels installed). The embedding and lm_head are left out (vocabulary
 4096 instead of 248,320: a row gather and a table the backbone never multiplies by); the 9B's 32 layers
 are 8 such blocks.
@@ -21,8 +21,8 @@ Projection to the 9B: seconds = 8 x block seconds for a uniform mode; ``int8 lat
 exact mode + 20 int8 layers (per-layer time = block / 4). Useful FLOPs counted: the Linears only
 (2 x weights x T), so the fraction of the GEMM limit is a lower bound.
 
-    python benchmarks/bench_realwidth.py --json benchmarks/results/realwidth.json [--T 256 1024] [--profile]
-    python benchmarks/bench_realwidth.py --quick         # smoke run (medium geometry, T = 64, seconds)
+    python -m benchmarks.bench_realwidth --json benchmarks/results/realwidth.json [--T 256 1024] [--profile]
+    python -m benchmarks.bench_realwidth --quick         # smoke run (medium geometry, T = 64, seconds)
 """
 
 from __future__ import annotations
@@ -32,16 +32,12 @@ import gc
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.gemm import gemm_limit, measure_gemm, model_shapes
-from benchmarks.lib.models import GEOMETRIES, text_model
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import Samples, repeat
+from devtools.gemm import gemm_limit, measure_gemm, model_shapes
+from devtools.models import GEOMETRIES, text_model
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import Samples, repeat
 
 NINE_B_LAYERS = GEOMETRIES["release"].layers
 BLOCK_LAYERS = GEOMETRIES["wide"].layers

@@ -4,15 +4,15 @@ For each model (``null``, ``tiny``, and the hidden-512 ``medium`` benchmark mode
 side, one with dynamic batching (the default) and one with ``--deterministic`` (every request alone), and a
 mixed workload is sent at concurrency 1, 4 and 16, alternating between the two servers round by round so
 that other load on the machine affects both alike. The model "null" is an instant engine served through the
-real server code (`benchmarks.lib.engine_server`): it measures the server's own overhead per request (HTTP +
+real server code (`devtools.engine_server`): it measures the server's own overhead per request (HTTP +
 body parsing + validation + scheduling + serialisation), read from each answer's ``x_latency_ms``.
 
 Every round sends fresh requests and is kept on its own: a row reports the figures over all rounds and
 their spread over rounds (requests/s, p50, the server's own p50), ``--rounds`` (default 3) of them.
 
-    python benchmarks/bench_server.py                       # everything, a new file in benchmarks/results/
-    python benchmarks/bench_server.py --models null --rounds 5 --out /tmp/server-null.json
-    python benchmarks/bench_server.py --quick               # smoke run (null and tiny, seconds)
+    python -m benchmarks.bench_server                       # everything, a new file in benchmarks/results/
+    python -m benchmarks.bench_server --models null --rounds 5 --out /tmp/server-null.json
+    python -m benchmarks.bench_server --quick               # smoke run (null and tiny, seconds)
 
 Not a test: numbers depend on the machine. Each server process is started fresh, warmed with a few
 requests, and stopped with SIGTERM.
@@ -30,13 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import Load, ServerProcess, engine_launcher, post_all, start_clef_server
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.results import add_run_arguments, save, start_report
-from benchmarks.lib.timing import percentile, spread
+from devtools.harness import Load, ServerProcess, engine_launcher, post_all, start_clef_server
+from devtools.models import resolve_model
+from devtools.results import add_run_arguments, save, start_report
+from devtools.timing import percentile, spread
 
 QUESTIONS = [
     ("refund", {"type": "noul", "instructions": "Is the customer asking for money back?"}),
@@ -174,7 +171,7 @@ class NullEngine:
 
 
 def null_engine() -> NullEngine:
-    """The factory `benchmarks.lib.engine_server` calls in the server process."""
+    """The factory `devtools.engine_server` calls in the server process."""
     return NullEngine()
 
 

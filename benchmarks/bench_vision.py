@@ -9,8 +9,8 @@ Modes: ``native`` (capped at 1,024 tokens) on a 1024x768 photo-like JPEG, ``g256
 Prints one JSON object (and writes it with ``--json``): every time with its runs, median, min and max. Not
 a test: numbers depend on the machine and on its load.
 
-    python benchmarks/bench_vision.py [--reps 3] [--real-reps 3] [--skip-real] [--threads N] [--json OUT]
-    python benchmarks/bench_vision.py --quick          # smoke run (tiny tower only, seconds)
+    python -m benchmarks.bench_vision [--reps 3] [--real-reps 3] [--skip-real] [--threads N] [--json OUT]
+    python -m benchmarks.bench_vision --quick          # smoke run (tiny tower only, seconds)
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,13 +26,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import Samples
 from PIL import Image, ImageFilter
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import Samples
 from clef_runtime.protocol.images import ImageSource
 from clef_runtime.vision.decode import decode_image
 from clef_runtime.vision.preprocess import preprocess

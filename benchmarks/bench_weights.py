@@ -2,7 +2,7 @@
 
 Not a test. Each (mode, allocator setting) runs in its own subprocess, because glibc's malloc
 settings must be in the environment before Python starts and because peak RSS is per process.
-A worker builds the ``wide`` benchmark block (`benchmarks.lib.models`: four Qwen3.5-9B layers, 3 Gated
+A worker builds the ``wide`` benchmark block (`devtools.models`: four Qwen3.5-9B layers, 3 Gated
 DeltaNet + 1 attention, hidden 4096, intermediate 12288, all real head dims, vocabulary 4096 instead of
 248,320) with the random-checkpoint recipe, applies the mode, installs the CPU kernels, and times
 full-sequence prefills (``use_cache=False``) at each T. The parent process measures the machine record
@@ -23,10 +23,10 @@ times and min/median reported with the process CPU time (with ``--threads 1`` th
 stable figure), and the load average is recorded. Other environment variables (e.g.
 ``OMP_WAIT_POLICY=PASSIVE``) pass through to the workers.
 
-    python benchmarks/bench_weights.py                       # all modes, tuned malloc; fp32 and
+    python -m benchmarks.bench_weights                       # all modes, tuned malloc; fp32 and
                                                              # bf16-storage also untuned
-    python benchmarks/bench_weights.py --modes fp32,bf16-storage --malloc tuned --T 256
-    python benchmarks/bench_weights.py --quick                # smoke run (medium block, T = 64)
+    python -m benchmarks.bench_weights --modes fp32,bf16-storage --malloc tuned --T 256
+    python -m benchmarks.bench_weights --quick                # smoke run (medium block, T = 64)
 """
 
 from __future__ import annotations
@@ -40,14 +40,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.results import add_run_arguments, publish, start_report
-from benchmarks.lib.timing import spread
+from devtools.results import add_run_arguments, publish, start_report
+from devtools.timing import spread
 
 MALLOC_SETTINGS = {
     "MALLOC_MMAP_THRESHOLD_": "17179869184",
@@ -100,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clef_runtime.model.kernels import configure_cpu_threads
 
     configure_cpu_threads(args.threads)
-    from benchmarks.lib.gemm import model_shapes
-    from benchmarks.lib.models import text_model
+    from devtools.gemm import model_shapes
+    from devtools.models import text_model
 
     block = text_model(args.model, device="meta")
     report = start_report(
@@ -167,7 +163,7 @@ def spawn_worker(args: argparse.Namespace, mode: str, tuned: bool) -> dict[str, 
 
 def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
     """9B estimates per (mode, malloc): 8 x the block's prefill time; weights + measured working memory."""
-    from benchmarks.lib.models import GEOMETRIES
+    from devtools.models import GEOMETRIES
 
     blocks = GEOMETRIES["release"].layers // GEOMETRIES["wide"].layers
     estimates: dict[str, Any] = {}
@@ -201,8 +197,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     threads = configure_cpu_threads(args.threads)  # first: FTZ must precede any parallel work
     import torch
+    from devtools.models import text_model
 
-    from benchmarks.lib.models import text_model
     from clef_runtime.model.kernels import install_cpu_kernels
     from clef_runtime.model.weights import apply_bf16_storage, parameter_bytes
 
@@ -269,8 +265,8 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     answers move.
     """
     import torch
+    from devtools.models import text_model
 
-    from benchmarks.lib.models import text_model
     from clef_runtime.model.kernels import install_cpu_kernels
     from clef_runtime.model.weights import apply_bf16_storage, set_linear_compute_dtype
 

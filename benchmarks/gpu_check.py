@@ -21,8 +21,8 @@ value and threshold) and ``OUT`` with ``.md`` (a table). ``--smoke`` runs the sa
 requests and checks on CPU in under 2 minutes (the test suite runs it); its numbers mean nothing for a GPU,
 and off CUDA the timing checks (burst gain, first burst) are recorded but do not decide the exit status.
 
-    python benchmarks/gpu_check.py --device cuda --json benchmarks/results/gpu-check-h200.json
-    python benchmarks/gpu_check.py --device cpu --smoke --json /tmp/gpu-check.json
+    python -m benchmarks.gpu_check --device cuda --json benchmarks/results/gpu-check-h200.json
+    python -m benchmarks.gpu_check --device cpu --smoke --json /tmp/gpu-check.json
 """
 
 from __future__ import annotations
@@ -38,15 +38,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
-
-from benchmarks.lib.flags import engine_options
-from benchmarks.lib.models import resolve_model
-from benchmarks.lib.requests import STATE_WORDS, drift, generated_requests
-from benchmarks.lib.results import save, start_report
+from devtools.flags import engine_options
+from devtools.models import resolve_model
+from devtools.requests import STATE_WORDS, drift, generated_requests
+from devtools.results import save, start_report
 
 #: Every check's threshold, by device type where it differs.
 PARITY_MAX_DP = 0.02

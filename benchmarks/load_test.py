@@ -17,9 +17,9 @@ Three phases, each against a fresh server process:
 
 Usage::
 
-    python benchmarks/load_test.py --engine fake --requests 5000 --concurrency 32
-    python benchmarks/load_test.py --engine tiny --requests 200 --concurrency 16 --warmup 20 --no-overflow
-    python benchmarks/load_test.py --quick                      # smoke run (fake engine, seconds)
+    python -m benchmarks.load_test --engine fake --requests 5000 --concurrency 32
+    python -m benchmarks.load_test --engine tiny --requests 200 --concurrency 16 --warmup 20 --no-overflow
+    python -m benchmarks.load_test --quick                      # smoke run (fake engine, seconds)
 
 The fake engine is the tests' (``tests/server/fake_engine.py``): its answers are a pure function of the
 request, which is how a misrouted answer is caught.
@@ -47,18 +47,14 @@ from typing import Any
 
 import httpx
 import zstandard
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.harness import ServerProcess, engine_launcher, start_clef_server
-from benchmarks.lib.results import add_run_arguments, command_line
+from devtools.harness import ServerProcess, engine_launcher, start_clef_server
+from devtools.results import add_run_arguments, command_line
 
 MEMORY_TOLERANCE = 0.10
 
 
 def soak_engine(delay_s: float = 0.0, hold_path: str = "") -> Any:
-    """The fake engine for the soak (the factory `benchmarks.lib.engine_server` calls in the server
+    """The fake engine for the soak (the factory `devtools.engine_server` calls in the server
     process): every call waits while ``hold_path`` exists (a gate the client controls), and the fake's
     record of every call's states (kept for the API tests) is cleared, so a soak does not measure it."""
     from tests.server.fake_engine import FakeClef

@@ -1,12 +1,12 @@
-"""The performance suite: ``benchmarks/engine_bench.py`` (every section) on the tiny and the hidden-1,024
+"""The performance suite: ``benchmarks.engine_bench`` (every section) on the tiny and the hidden-1,024
 benchmark model, one fresh process per model, raw JSON and markdown under ``benchmarks/results/``, and
 optionally that part of BENCHMARKS.md refreshed in place (between its markers; every other section of the
 file is kept).
 
-    python benchmarks/suite.py                                # tiny + medium-1024, default mode
-    python benchmarks/suite.py --models medium-1024 --full
-    python benchmarks/suite.py --quick --results /tmp/suite   # smoke run (seconds on tiny)
-    python benchmarks/suite.py --update-benchmarks-md         # also rewrite the clef-bench section
+    python -m benchmarks.suite                                # tiny + medium-1024, default mode
+    python -m benchmarks.suite --models medium-1024 --full
+    python -m benchmarks.suite --quick --results /tmp/suite   # smoke run (seconds on tiny)
+    python -m benchmarks.suite --update-benchmarks-md         # also rewrite the clef-bench section
 
 Each model writes ``bench-<model>.json`` and ``bench-<model>.md`` (into ``--results``, else new
 time-stamped files in ``benchmarks/results/``). Not a test: figures depend on
@@ -21,10 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.lib.results import REPO, default_output
+from devtools.results import REPO, default_output
 
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 BEGIN_MARKER = "<!-- clef-bench:begin (written by benchmarks/suite.py) -->"
@@ -34,11 +31,11 @@ END_MARKER = "<!-- clef-bench:end -->"
 def run_engine_bench(
     model: str, mode: str, json_path: Path, *, sections: Sequence[str] | None = None
 ) -> Path:
-    """Run ``engine_bench.py`` on ``model`` in a fresh process (clean peak RSS, no allocator state carried
-    over), writing ``json_path`` and the markdown beside it; returns the markdown's path. Raises
+    """Run ``benchmarks.engine_bench`` on ``model`` in a fresh process (clean peak RSS, no allocator state
+    carried over), writing ``json_path`` and the markdown beside it; returns the markdown's path. Raises
     CalledProcessError when the run fails."""
     markdown_path = json_path.with_suffix(".md")
-    command = [sys.executable, str(REPO / "benchmarks" / "engine_bench.py"), "--model", model]
+    command = [sys.executable, "-m", "benchmarks.engine_bench", "--model", model]
     command += ["--json", _shown(json_path), "--markdown", _shown(markdown_path)]
     if sections:
         command += ["--sections", *sections]

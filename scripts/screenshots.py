@@ -1,20 +1,18 @@
 """Screenshots of the playground (after a decision) and the status page at 1280 and 375 px, for the README.
 
-Run from the repository root: ``.venv/bin/python scripts/screenshots.py`` (a tiny-model server and Debian's
+Run from the repository root: ``.venv/bin/python -m scripts.screenshots`` (a tiny-model server and Debian's
 chromium, as the browser tests use). Writes ``docs/screenshots/*.png``, reduced to 256 colours to stay small.
 """
 
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # for tests.server.browser
+from PIL import Image
+from tests.server.browser import chromium_browser, tiny_server
 
-from PIL import Image  # noqa: E402
-from tests.server.browser import chromium_browser, tiny_server  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "docs" / "screenshots"
 WIDTHS = {"desktop": 1280, "phone": 375}

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py's plumbing, run on CPU (``--device cpu --smoke``): its numbers mean nothing, but
+"""benchmarks.gpu_check's plumbing, run on CPU (``--device cpu --smoke``): its numbers mean nothing, but
 every check runs, the correctness checks decide the exit status, and the report is written."""
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_gpu_check(*arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.gpu_check ARGUMENTS`` from the repository root, its output captured."""
+    command = [sys.executable, "-m", "benchmarks.gpu_check", *arguments]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 @pytest.mark.slow
 def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check.json"
-    script = str(ROOT / "benchmarks" / "gpu_check.py")
-    done = subprocess.run(
-        [sys.executable, script, "--device", "cpu", "--smoke", "--requests", "2", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_gpu_check("--device", "cpu", "--smoke", "--requests", "2", "--json", str(out), timeout=600)
     report = json.loads(out.read_text())
     checks = report["models"]["tiny"]["checks"]
     gating = {row["check"]: row["passed"] for row in checks if row["gating"]}
@@ -47,11 +46,5 @@ def test_gpu_check_refuses_cuda_without_a_device(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")  # the refusal is what is tested, not the GPU run
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--json", str(tmp_path / "r.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_gpu_check("--json", str(tmp_path / "r.json"), timeout=300)
     assert done.returncode == 2 and "no CUDA device" in done.stderr

@@ -193,11 +193,11 @@ class _RequestEncoder:
         self._preparer: RequestPreparer | None = None
 
     def __call__(self, request: Any) -> dict[str, Any]:
-        from clef_runtime.protocol.images import extract_images
+        from clef_runtime.protocol.images import parse_with_images
 
-        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
+        parsed, sources = parse_with_images(request)
         if not sources:
-            return self.encoder.encode(body).to_json()
+            return self.encoder.encode(parsed).to_json()
         from clef_runtime.engine.independent import IndependentRequest
 
         prepared = self._image_preparer().prepare(request)

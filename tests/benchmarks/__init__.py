@@ -1,4 +1,4 @@
-"""Tests of the developer tooling in benchmarks/ (the scripts and their shared library, `benchmarks.lib`)."""
+"""Tests of the developer tooling in benchmarks/ (the scripts and their shared library, `devtools`)."""
 
 from __future__ import annotations
 

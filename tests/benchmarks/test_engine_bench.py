@@ -1,9 +1,10 @@
-"""benchmarks/engine_bench.py (developer tooling, not in the package): the quick run on the tiny model, the
+"""benchmarks/engine_bench/ (developer tooling, not in the package): the quick run on the tiny model, the
 state-cache section, the in-benchmark baseline, the hidden-1,024 geometry's FLOP count, the padding
 measurement and the random-checkpoint writer the benchmark models are built with."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -11,24 +12,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.lib.flags import engine_options
-from benchmarks.lib.models import GEOMETRIES
+from benchmarks.engine_bench.cli import _state_cache_on
+from benchmarks.engine_bench.plans import PLANS
+from benchmarks.engine_bench.sections import _Context
+from benchmarks.engine_bench.stats import summarize
+from benchmarks.engine_bench.targets import evaluate_targets
+from benchmarks.engine_bench.workload import request_of_length
+from devtools.flags import engine_options
+from devtools.models import GEOMETRIES
+from devtools.requests import make_state
 
+from benchmarks import engine_bench
 from clef_runtime.engine.clef import Clef
 from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.checkpoint import verify_checkpoint
 from clef_runtime.model.head import HeadLayout
 from clef_runtime.model.tiny import make_random_checkpoint, random_checkpoint_config
-from tests.benchmarks import load_benchmark
+from clef_runtime.options import EngineOptions
 
-engine_bench = load_benchmark("engine_bench")
 SECTIONS = engine_bench.SECTIONS
 ReferenceBaseline = engine_bench.ReferenceBaseline
 backbone_flops = engine_bench.backbone_flops
-evaluate_targets = engine_bench.evaluate_targets
-make_state = engine_bench.make_state
 padding_waste = engine_bench.padding_waste
-request_of_length = engine_bench.request_of_length
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ def test_quick_bench_on_tiny_writes_json_and_markdown(tmp_path: Path) -> None:
     assert set(report["gemm"]["limit_by_tokens"]) == {"256", "512", "1024"}
     assert report["gemm"]["limit_gflops"] == max(report["gemm"]["limit_by_tokens"].values())
     assert report["machine"]["gemm"]["limit"]["fp32_gflops"] >= report["gemm"]["limit_gflops"]
-    assert report["command"].startswith("python benchmarks/engine_bench.py --quick --model tiny")
+    assert report["command"].startswith("python -m benchmarks.engine_bench --quick --model tiny")
     assert len(report["machine"]["load_average"]) == 3
     assert set(report["sections"]["latency"]) == {"256", "512", "1024"}
     for value in report["sections"]["latency"].values():
@@ -95,17 +100,17 @@ def test_the_state_cache_section_runs_with_the_cache_the_option_table_offers() -
 
 
 def test_cache_mb_0_reports_the_cache_off() -> None:
-    assert engine_bench._state_cache_on(engine_options(cache_mb=256))
-    assert not engine_bench._state_cache_on(engine_options(cache_mb=0))
+    assert _state_cache_on(engine_options(cache_mb=256))
+    assert not _state_cache_on(engine_options(cache_mb=0))
 
 
 def test_engine_flags_reach_the_engine(tmp_path: Path) -> None:
-    args = engine_bench.argparse.ArgumentParser()
+    args = argparse.ArgumentParser()
     engine_bench.add_bench_arguments(args)
     parsed = args.parse_args(
         ["--model", "tiny", "--weights", "fp32", "--cache-mb", "0", "--prefill-chunk", "64"]
     )
-    assert engine_bench.EngineOptions.from_sources(parsed, {}) == engine_options(
+    assert EngineOptions.from_sources(parsed, {}) == engine_options(
         weights="fp32", cache_mb=0, prefill_chunk=64
     )
 
@@ -200,17 +205,15 @@ def test_int8_work_is_judged_against_the_int8_limit() -> None:
     # int8 work and no int8 limit measured: no fraction rather than one against the wrong limit.
     assert engine_bench.GemmLimits(100.0, None, 512).fraction(run) is None
     runs = [{"total_s": 1.0, "tokens": 512.0, "backbone_tokens": 512.0, **run}]
-    assert engine_bench.summarize(runs, limits, 0.0)["backbone_gemm_fraction"] == pytest.approx(0.03)
-    assert "backbone_gemm_fraction" not in engine_bench.summarize(
-        runs, engine_bench.GemmLimits(100.0, None, 1), 0.0
-    )
+    assert summarize(runs, limits, 0.0)["backbone_gemm_fraction"] == pytest.approx(0.03)
+    assert "backbone_gemm_fraction" not in summarize(runs, engine_bench.GemmLimits(100.0, None, 1), 0.0)
 
 
 def test_sections_of_other_lengths_are_judged_against_the_best_limit_over_every_length() -> None:
-    context = engine_bench._Context(
+    context = _Context(
         clef=None,
         baseline=None,
-        plan=engine_bench.PLANS["quick"],
+        plan=PLANS["quick"],
         gemm_limits={256: 50.0, 512: 80.0},
         device=torch.device("cpu"),
         seed=0,

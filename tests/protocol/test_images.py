@@ -16,7 +16,9 @@ from clef_runtime.protocol.images import (
     ImageSource,
     extract_images,
     normalize_content_type,
+    parse_with_images,
 )
+from clef_runtime.protocol.systemone import SystemOneRequest
 
 QUESTIONS = {"q": {"type": "noul", "instructions": "Is it a cat?"}}
 
@@ -292,3 +294,27 @@ def test_every_bad_image_is_reported():
 def test_image_source_repr_does_not_dump_the_bytes():
     source = ImageSource(bytes(10_000), "image/png", ("images", 0))
     assert len(repr(source)) < 100
+
+
+# --- parse_with_images ----------------------------------------------------------------------------------
+
+
+def test_parse_with_images_parses_the_request_without_its_images():
+    parsed, sources = parse_with_images(request(images=[data_url(b"cat")]))
+    assert isinstance(parsed, SystemOneRequest)
+    assert parsed.state == "text"
+    assert [source.data for source in sources] == [b"cat"]
+
+
+def test_parse_with_images_takes_a_parsed_request_as_it_is():
+    parsed, _ = parse_with_images(request())
+    assert parse_with_images(parsed) == (parsed, [])
+
+
+def test_parse_with_images_names_a_bad_image_and_a_bad_field():
+    with pytest.raises(RequestValidationError) as bad_image:
+        parse_with_images(request(images=["https://example.com/cat.png"]))
+    assert bad_image.value.errors[0]["loc"] == ("images", 0)
+    with pytest.raises(RequestValidationError) as bad_field:
+        parse_with_images(request(questions={}))
+    assert bad_field.value.errors[0]["loc"][0] == "questions"

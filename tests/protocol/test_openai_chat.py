@@ -24,6 +24,7 @@ from clef_runtime.protocol.openai_chat import (
     translate_error_loc,
 )
 from clef_runtime.protocol.systemone import parse_request
+from tests.protocol.openai_common import ENGINE_REPLY, assert_refused
 
 
 class Sentiment(Enum):
@@ -319,10 +320,7 @@ def test_image_parts_go_to_images_and_their_errors_point_back_at_the_part() -> N
 def test_requests_that_cannot_be_decided_are_refused_naming_the_field(
     overrides: dict[str, Any], loc: tuple[Any, ...], words: str
 ) -> None:
-    with pytest.raises(RequestValidationError) as info:
-        _mapped(**overrides)
-    assert info.value.errors[0]["loc"] == loc
-    assert words in info.value.errors[0]["msg"]
+    assert_refused(lambda: _mapped(**overrides), loc, words)
 
 
 def test_a_body_that_is_not_an_object_is_refused() -> None:
@@ -333,22 +331,9 @@ def test_a_body_that_is_not_an_object_is_refused() -> None:
 # -------------------------------------------------------------------------------------------- responses
 
 SYSTEMONE = {
-    "model": "gpt-x",
+    **ENGINE_REPLY,
     "answers": {
-        "team": {
-            "type": "choice",
-            "choice": "tech",
-            "confidence": 0.6,
-            "probabilities": {"billing": 0.3, "tech": 0.6, "sales": 0.1},
-        },
-        "urgent": {"type": "noul", "noul": 0.25},
-        "priority": {
-            "type": "score",
-            "score": 1.1,
-            "confidence": 0.5,
-            "legend": {"0": "1", "1": "2", "2": "3"},
-            "probabilities": {"0": 0.2, "1": 0.5, "2": 0.3},
-        },
+        **ENGINE_REPLY["answers"],
         "code": {
             "type": "choice",
             "choice": "404",
@@ -356,8 +341,6 @@ SYSTEMONE = {
             "probabilities": {"200": 0.0, "404": 1.0},
         },
     },
-    "usage": {"input_tokens": 42, "output_tokens": 0, "input_tokens_details": {"cached_tokens": 36}},
-    "x_state_cache": "partial",
 }
 COMPLETION_SCHEMA = {
     "type": "object",

@@ -4,27 +4,9 @@ the 429 latency of a full queue. The full-size runs and their figures are in REL
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_test_module() -> ModuleType:
-    """benchmarks/load_test.py as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("clef_load_test", REPO / "benchmarks" / "load_test.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-load_test = load_test_module()
+from benchmarks import load_test
 
 
 def test_the_workload_is_mixed_and_valid() -> None:

@@ -1,7 +1,7 @@
 """Open-loop overload of ``clef serve --model tiny`` (a real server process on loopback): requests arrive on a
 fixed schedule at 2.5 times the capacity measured in the same test, whatever the server does.
 
-What must hold (benchmarks/lib/open_loop.py checks it): only 200 / 429 / 503, every refusal with
+What must hold (devtools/open_loop.py checks it): only 200 / 429 / 503, every refusal with
 Retry-After, no transport error, no answer that waited past the queue timeout (the server's own queue
 time), resident memory within 25% of its level after warm-up. The overload is real: requests were shed.
 Latency percentiles are figures, reported by benchmarks/bench_overload.py, not asserted here.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from benchmarks.lib.harness import post_all, start_clef_server
-from benchmarks.lib.open_loop import capacity, overload_failures, run_open_loop
-from benchmarks.lib.requests import generated_requests
+from devtools.harness import post_all, start_clef_server
+from devtools.open_loop import capacity, overload_failures, run_open_loop
+from devtools.requests import generated_requests
 
 pytestmark = pytest.mark.slow
 

@@ -47,8 +47,8 @@ from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
 from clef_runtime.options import HEAD_NAME, EngineOptions, parse_head_specs
-from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+from clef_runtime.protocol.images import parse_with_images
+from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.vision.tower import VisionTower
 
 __all__ = [
@@ -373,8 +373,7 @@ class Clef(CardedEngine):
         """Validate a request body (its images' wire format too) and return it without its images (they
         are not part of ``SystemOneRequest``; use `prepare` to keep them). Raises ``RequestValidationError``.
         """
-        body, _ = extract_images(request) if isinstance(request, dict) else (request, [])
-        return parse_request(body)
+        return parse_with_images(request)[0]
 
     def prepare(self, request: Any, *, max_length: int | None = None) -> Prepared:
         """Everything before the model, for one request body (a JSON-decoded dict, possibly with images in

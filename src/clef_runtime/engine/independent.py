@@ -17,12 +17,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from clef_runtime.engine.decision import CacheReport, Decision, RequestTimings
 from clef_runtime.protocol.systemone import SystemOneRequest
 
-__all__ = ["IndependentRequest", "PartsRow", "merge_decisions", "submit_parts"]
+if TYPE_CHECKING:
+    from clef_runtime.encoding.encoder import EncodedRecord
+
+__all__ = ["IndependentRequest", "PartsRow", "RecordTokens", "merge_decisions", "submit_parts"]
 
 PartT = TypeVar("PartT")
 
@@ -37,8 +40,28 @@ class PartsRow:
     truncated_state_tokens: int
 
 
+class _HasRecord(Protocol):
+    @property
+    def record(self) -> EncodedRecord | PartsRow: ...
+
+
+class RecordTokens:
+    """``input_tokens`` / ``truncated_state_tokens`` of a prepared request, read from its ``record`` (so it
+    can stand where an ``EncodedRecord`` is expected for accounting)."""
+
+    @property
+    def input_tokens(self: _HasRecord) -> int:
+        """The number of tokens the model reads (``usage.input_tokens``)."""
+        return self.record.input_tokens
+
+    @property
+    def truncated_state_tokens(self: _HasRecord) -> int:
+        """State tokens cut to fit the token limit."""
+        return self.record.truncated_state_tokens
+
+
 @dataclass(frozen=True, eq=False)
-class IndependentRequest(Generic[PartT]):
+class IndependentRequest(RecordTokens, Generic[PartT]):
     """A prepared ``x_independent`` request: the request as sent and one prepared request per question."""
 
     request: SystemOneRequest
@@ -52,14 +75,6 @@ class IndependentRequest(Generic[PartT]):
             input_tokens=sum(row.input_tokens for row in rows),
             truncated_state_tokens=max(row.truncated_state_tokens for row in rows),
         )
-
-    @property
-    def input_tokens(self) -> int:
-        return self.record.input_tokens
-
-    @property
-    def truncated_state_tokens(self) -> int:
-        return self.record.truncated_state_tokens
 
 
 def _cache_status(statuses: Sequence[str]) -> str:

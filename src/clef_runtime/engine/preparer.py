@@ -26,17 +26,17 @@ from clef_runtime.engine.images import (
     load_processor_config,
     prepare_images,
 )
-from clef_runtime.engine.independent import IndependentRequest
+from clef_runtime.engine.independent import IndependentRequest, RecordTokens
 from clef_runtime.engine.state_cache import root_key, state_key
 from clef_runtime.options import EngineOptions
-from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts, parse_request
+from clef_runtime.protocol.images import parse_with_images
+from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts
 
 __all__ = ["PreparedRequest", "RequestPreparer"]
 
 
 @dataclass(frozen=True, eq=False)
-class PreparedRequest:
+class PreparedRequest(RecordTokens):
     """A request ready for `Clef.decide_encoded`: the parsed request (images taken out), its encoded row,
     its images preprocessed for the vision tower (in block order) and its state-cache key.
 
@@ -68,16 +68,6 @@ class PreparedRequest:
         object.__setattr__(
             self, "root_key", root_key(self.record.input_ids[: self.record.state_start], digests)
         )
-
-    @property
-    def input_tokens(self) -> int:
-        """The number of tokens the model reads (``usage.input_tokens``)."""
-        return self.record.input_tokens
-
-    @property
-    def truncated_state_tokens(self) -> int:
-        """State tokens cut to fit the token limit."""
-        return self.record.truncated_state_tokens
 
 
 class RequestPreparer:
@@ -116,8 +106,7 @@ class RequestPreparer:
         does not fit ``max_length``). ``resolve_head``: the request's head, attached to every part (it
         raises ``HeadError`` before any image is decoded).
         """
-        body, sources = extract_images(request) if isinstance(request, dict) else (request, [])
-        parsed = parse_request(body)
+        parsed, sources = parse_with_images(request)
         head = resolve_head(parsed) if resolve_head is not None else None
         images = prepare_images(sources, self.image_settings) if sources else ()
         parts = [self._prepare_one(part, images, max_length, head) for part in independent_parts(parsed)]

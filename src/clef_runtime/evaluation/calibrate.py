@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from clef_runtime.engine.calibration import QUESTION_TYPES, Calibration
-from clef_runtime.evaluation.metrics import NLL_FLOOR, Outcome
+from clef_runtime.evaluation.metrics import NLL_FLOOR, Outcome, scored_groups
 
 __all__ = ["MIN_QUESTION_CASES", "TEMPERATURE_BOUNDS", "fit_calibration", "fit_temperature", "mean_nll"]
 
@@ -82,14 +82,8 @@ def fit_calibration(
     ``questions``, ``fitted_on`` with the case/question counts merged into ``fitted_on``, ``nll_before``,
     ``nll_after``). Raises ValueError when nothing is scored.
     """
-    scored = [o for o in outcomes if o.expected is not None]
-    if not scored:
-        raise ValueError("no question has an expected answer: nothing to fit")
-    by_type: dict[str, list[Outcome]] = {}
-    by_question: dict[str, list[Outcome]] = {}
-    for outcome in scored:
-        by_type.setdefault(outcome.question_type, []).append(outcome)
-        by_question.setdefault(outcome.question_id, []).append(outcome)
+    groups = scored_groups(outcomes, "fit")
+    scored, by_type, by_question = groups.scored, groups.by_type, groups.by_question
     temperatures = {
         kind: fit_temperature(by_type[kind]) if kind in by_type else 1.0 for kind in QUESTION_TYPES
     }

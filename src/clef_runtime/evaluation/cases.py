@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from clef_runtime.protocol.errors import RequestValidationError, format_loc
-from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import ChoiceQuestion, NoulQuestion, SystemOneRequest, parse_request
+from clef_runtime.protocol.images import parse_with_images
+from clef_runtime.protocol.systemone import ChoiceQuestion, NoulQuestion, SystemOneRequest
 
 __all__ = [
     "Case",
@@ -125,8 +125,7 @@ def _parse_line(number: int, text: str, seen: set[str]) -> tuple[Case | None, li
         problems.append(f"id {case_id!r} is used by an earlier case")
     body = {key: value for key, value in data.items() if key not in CASE_KEYS}
     try:
-        stripped, _images = extract_images(body)
-        request = parse_request(stripped)
+        request, _images = parse_with_images(body)
     except RequestValidationError as exc:
         problems.extend(f"{format_loc(e['loc'])}: {e['msg']}" for e in exc.errors)
         return None, problems

@@ -29,8 +29,10 @@ __all__ = [
     "ECE_BINS",
     "NLL_FLOOR",
     "Outcome",
+    "ScoredGroups",
     "group_metrics",
     "percentiles",
+    "scored_groups",
     "summarize",
 ]
 
@@ -155,20 +157,38 @@ def percentiles(values: Iterable[float]) -> dict[str, float | None]:
     return {"p50": float(np.percentile(array, 50)), "p95": float(np.percentile(array, 95))}
 
 
+@dataclass(frozen=True)
+class ScoredGroups:
+    """The outcomes that have an expected answer, all together and grouped by question type and by
+    question id (each group in the order of the outcomes)."""
+
+    scored: list[Outcome]
+    by_type: dict[str, list[Outcome]]
+    by_question: dict[str, list[Outcome]]
+
+
+def scored_groups(outcomes: Sequence[Outcome], purpose: str) -> ScoredGroups:
+    """`ScoredGroups` of ``outcomes``. Raises ValueError naming ``purpose`` (what there would be nothing
+    to do: "score", "fit") when no outcome has an expected answer."""
+    scored = [o for o in outcomes if o.expected is not None]
+    if not scored:
+        raise ValueError(f"no question has an expected answer: nothing to {purpose}")
+    by_type: dict[str, list[Outcome]] = {}
+    by_question: dict[str, list[Outcome]] = {}
+    for outcome in scored:
+        by_type.setdefault(outcome.question_type, []).append(outcome)
+        by_question.setdefault(outcome.question_id, []).append(outcome)
+    return ScoredGroups(scored, by_type, by_question)
+
+
 def summarize(outcomes: Sequence[Outcome], latencies_ms: Iterable[float] = ()) -> dict[str, Any]:
     """The ``clef eval --json`` object: ``overall``, ``by_type`` (noul/choice/score present), ``by_question``
     (question id -> metrics), ``latency_ms`` (p50/p95) and ``questions`` (answered / scored counts).
 
     Raises ValueError when no outcome is scored (nothing to measure).
     """
-    scored = [o for o in outcomes if o.expected is not None]
-    if not scored:
-        raise ValueError("no question has an expected answer: nothing to score")
-    by_type: dict[str, list[Outcome]] = {}
-    by_question: dict[str, list[Outcome]] = {}
-    for outcome in scored:
-        by_type.setdefault(outcome.question_type, []).append(outcome)
-        by_question.setdefault(outcome.question_id, []).append(outcome)
+    groups = scored_groups(outcomes, "score")
+    scored, by_type, by_question = groups.scored, groups.by_type, groups.by_question
     return {
         "overall": group_metrics(scored),
         "by_type": {

@@ -16,6 +16,7 @@ padded tokens and padded questions are masked; padded query rows are computed an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -553,13 +554,7 @@ class JointSchemaHead(nn.Module):
         Records may differ in tokens, questions and options. Raises ValueError for mismatched lengths or
         shapes or an invalid layout.
         """
-        if not hiddens and not layouts and not option_lexicals:
-            return []
-        index = self._batch_index(hiddens, layouts, option_lexicals)
-        with torch.inference_mode():
-            hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
-            logits = self._logits(hidden_rows, lexical_rows, index)
-        return list(torch.split(logits, index.option_counts))
+        return self._record_logits(hiddens, layouts, option_lexicals, inference=True)
 
     def training_logits(
         self, hiddens: Sequence[Tensor], layouts: Sequence[HeadLayout], option_lexicals: Sequence[Tensor]
@@ -570,11 +565,24 @@ class JointSchemaHead(nn.Module):
         Memory is kept for the backward pass, so batches should be smaller than for scoring. Raises like
         `score_batch`.
         """
+        return self._record_logits(hiddens, layouts, option_lexicals, inference=False)
+
+    def _record_logits(
+        self,
+        hiddens: Sequence[Tensor],
+        layouts: Sequence[HeadLayout],
+        option_lexicals: Sequence[Tensor],
+        *,
+        inference: bool,
+    ) -> list[Tensor]:
+        """One [O_b] logits tensor per record; the forward runs in inference mode when ``inference`` (the
+        batch index is built outside it either way)."""
         if not hiddens and not layouts and not option_lexicals:
             return []
         index = self._batch_index(hiddens, layouts, option_lexicals)
-        hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
-        logits = self._logits(hidden_rows, lexical_rows, index)
+        with torch.inference_mode() if inference else contextlib.nullcontext():
+            hidden_rows, lexical_rows = self._packed_inputs(hiddens, option_lexicals)
+            logits = self._logits(hidden_rows, lexical_rows, index)
         return list(torch.split(logits, index.option_counts))
 
     def option_features(

@@ -44,14 +44,13 @@ from pydantic import (
     PlainValidator,
     StrictStr,
     Tag,
-    ValidationError,
     WithJsonSchema,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
-from clef_runtime.protocol.plain_errors import error_loc, plain_error
+from clef_runtime.protocol.plain_errors import error_loc, plain_error, validate_object
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
     MAX_QUESTION_ID_CHARS,
@@ -498,16 +497,9 @@ def parse_decisions_request(data: Any) -> DecisionsRequest:
     Returns the validated request. Raises :class:`RequestValidationError` listing every problem, each with
     its location in the decisions body (e.g. ``("questions", 0, "choices")``).
     """
-    if isinstance(data, DecisionsRequest):
-        return data
-    if not isinstance(data, dict):
-        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
-    try:
-        return DecisionsRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(
-            plain_error(err, _strip_union_tags(error_loc(err), data)) for err in exc.errors(include_url=False)
-        ) from None
+    return validate_object(
+        DecisionsRequest, data, lambda err: plain_error(err, _strip_union_tags(error_loc(err), data))
+    )
 
 
 # ------------------------------------------------------------------------------------------- mapping

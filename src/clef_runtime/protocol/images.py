@@ -58,6 +58,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
 
 __all__ = [
     "ALLOWED_CONTENT_TYPES",
@@ -72,6 +73,7 @@ __all__ = [
     "add_image_fields",
     "extract_images",
     "normalize_content_type",
+    "parse_with_images",
 ]
 
 MAX_IMAGES = 4
@@ -385,3 +387,14 @@ def _b64decode(payload: str) -> bytes:
         return base64.b64decode(padded, validate=True)
     except (binascii.Error, ValueError) as err:
         raise _ItemError(f"invalid base64 image data ({err})", "invalid_base64") from None
+
+
+def parse_with_images(request: Any) -> tuple[SystemOneRequest, list[ImageSource]]:
+    """Validate a System One request body with its images: a JSON-decoded dict (images in ``images`` or in
+    the ``state`` array, see `extract_images`) or an already parsed ``SystemOneRequest`` (text only).
+
+    Returns ``(request, sources)``: the request without its images, and the images in block order. Raises
+    :class:`RequestValidationError` naming every bad field or image.
+    """
+    body, sources = extract_images(request)
+    return parse_request(body), sources

@@ -5,7 +5,7 @@ Chat Completions: ``input`` instead of ``messages``, ``text.format`` instead of 
 function tools, and a Response object whose ``output`` is a list of items. ``client.responses.parse(
 text_format=PydanticModel)`` and ``responses.create`` with a ``json_schema`` format or a function tool get
 each property of the schema decided in one prefill, exactly as :mod:`clef_runtime.protocol.openai_chat`
-decides a ``response_format`` (the same :func:`~clef_runtime.protocol.openai_chat.schema_questions`). Pure:
+decides a ``response_format`` (the same :func:`~clef_runtime.protocol.openai_schema.schema_questions`). Pure:
 no torch, no HTTP.
 
 The request, field by field:
@@ -52,7 +52,7 @@ The reply is a Response object (https://platform.openai.com/docs/api-reference/r
 
 * a ``message`` (``msg_<request id>``) with one ``output_text`` part whose ``text`` is the JSON object of
   the answers (what ``responses.parse`` reads into ``output_parsed``), ``annotations: []`` and
-  ``logprobs``: one entry per field (:func:`~clef_runtime.protocol.openai_chat.field_logprobs`) when
+  ``logprobs``: one entry per field (:func:`~clef_runtime.protocol.openai_schema.field_logprobs`) when
   ``include`` has ``message.output_text.logprobs``, else empty;
 * or, for a tool, a ``function_call`` (``fc_<request id>``, ``call_id`` ``call_<request id>``) whose
   ``arguments`` are that JSON object.
@@ -78,24 +78,15 @@ the Response object as it is sent unstreamed (usage and ``x_`` extras included).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from pydantic.json_schema import JsonDict
 
+from clef_runtime.protocol import openai_schema
 from clef_runtime.protocol.errors import RequestValidationError
-from clef_runtime.protocol.openai_chat import (
-    FieldPlan,
-    PartKinds,
-    checked_role,
-    content_pieces,
-    field_logprobs,
-    route_error_loc,
-    schema_questions,
-    typed_answers,
-)
+from clef_runtime.protocol.openai_schema import DecisionPlan, Loc, PartKinds
 from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
 from clef_runtime.protocol.plain_errors import validate_object
 
@@ -110,8 +101,6 @@ __all__ = [
     "to_systemone",
     "translate_error_loc",
 ]
-
-Loc = tuple[str | int, ...]
 
 TEXT_SCHEMA_LOC: Loc = ("text", "format", "schema")
 """Where a ``json_schema`` text format's schema sits in the request (error locations start here)."""
@@ -185,20 +174,11 @@ def parse_responses_request(data: Any) -> ResponsesRequest:
 
 
 @dataclass(frozen=True)
-class ResponsesPlan:
-    """The mapping of one request, kept to build the reply and to locate errors."""
+class ResponsesPlan(DecisionPlan):
+    """The mapping of one Responses API request, kept to build the reply and to locate errors (``stream``:
+    the Response object is sent as the Responses event stream, `to_response_events`; image locations are
+    ``("input", i, "content", j)``)."""
 
-    fields: tuple[FieldPlan, ...]
-    schema_loc: Loc = TEXT_SCHEMA_LOC
-    """Where the decided schema sits in the request: ``text.format.schema`` or a tool's ``parameters``."""
-    image_locs: tuple[Loc, ...] = ()
-    """Where each image of the System One ``images`` list came from (``("input", i, "content", j)``)."""
-    model: str | None = None
-    tool_name: str | None = None
-    """The function tool whose call is the answer (None: the answers are the message's output text)."""
-    logprobs: bool = False
-    stream: bool = False
-    """``stream: true``: the Response object is sent as the Responses event stream (`to_response_events`)."""
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's fields that the Response object repeats, with OpenAI's defaults where not sent."""
 
@@ -223,7 +203,7 @@ RESPONSES_PARTS = PartKinds(
 
 def _pieces(content: Any, loc: Loc, images: list[Any], image_locs: list[Loc]) -> list[str]:
     """The texts of a message's content (or a function call's output); image parts go to ``images``."""
-    return content_pieces(content, loc, images, image_locs, RESPONSES_PARTS)
+    return openai_schema.content_pieces(content, loc, images, image_locs, RESPONSES_PARTS)
 
 
 def _call(item: dict[str, Any], loc: Loc) -> dict[str, Any]:
@@ -260,7 +240,7 @@ def _state_of(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | str, li
         kind = item.get("type") or "message"
         entry: dict[str, Any] | None = None
         if kind == "message":
-            role = checked_role(item.get("role"), (*loc, "role"), RESPONSES_ROLES)
+            role = openai_schema.checked_role(item.get("role"), (*loc, "role"), RESPONSES_ROLES)
             pieces = _pieces(item.get("content"), (*loc, "content"), images, image_locs)
             if pieces:
                 entry = {"role": role, "content": pieces[0] if len(pieces) == 1 else pieces}
@@ -305,10 +285,7 @@ def _state_of(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | str, li
 
 def _unsupported(request: ResponsesRequest) -> None:
     """Refuse what cannot be honoured, naming the field."""
-    if request.n is not None and request.n != 1:
-        raise _refuse(
-            ("n",), f"n must be 1: a decision has one answer (got {request.n})", "unsupported_value"
-        )
+    openai_schema.check_single_answer(request.n)
     stored = (
         ("previous_response_id", request.previous_response_id),
         ("conversation", request.conversation),
@@ -406,13 +383,9 @@ def to_systemone(request: ResponsesRequest) -> tuple[dict[str, Any], ResponsesPl
             "json_object format has no schema to decide)",
             "missing_schema",
         )
-    questions, fields = schema_questions(schema, schema_loc)
+    questions, fields = openai_schema.schema_questions(schema, schema_loc)
     state, images, image_locs = _state_of(request)
-    body: dict[str, Any] = {"state": state, "questions": questions}
-    if images:
-        body["images"] = images
-    if request.model is not None:
-        body["model"] = request.model
+    body = openai_schema.decision_body(questions, state, images, request.model)
     plan = ResponsesPlan(
         fields=fields,
         schema_loc=schema_loc,
@@ -430,16 +403,16 @@ def translate_error_loc(loc: tuple[Any, ...], plan: ResponsesPlan) -> tuple[Any,
     """The location in the Responses request of an error found in the mapped System One request:
     ``questions.<name>...`` -> the schema property, ``images[k]`` -> its input part, ``state`` ->
     ``input``."""
-    return route_error_loc(loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("input",))
+    return openai_schema.route_error_loc(
+        loc, schema_loc=plan.schema_loc, image_locs=plan.image_locs, state_loc=("input",)
+    )
 
 
 # ------------------------------------------------------------------------------------------- response
 
 
 def _usage(systemone: dict[str, Any]) -> dict[str, Any]:
-    usage = systemone.get("usage", {})
-    prompt = int(usage.get("input_tokens", 0))
-    cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
+    prompt, cached = openai_schema.input_token_counts(systemone)
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached},
@@ -457,12 +430,10 @@ def to_response(
     Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` copied when present).
     Raises KeyError only for a malformed engine response (a server bug).
     """
-    answers = systemone["answers"]
-    typed = typed_answers(answers, plan.fields)
-    arguments = json.dumps(typed, ensure_ascii=False)
+    answers, typed, arguments = openai_schema.decided_arguments(systemone, plan.fields)
     item: dict[str, Any]
     if plan.tool_name is None:
-        logprobs = field_logprobs(answers, typed, plan.fields) if plan.logprobs else []
+        logprobs = openai_schema.field_logprobs(answers, typed, plan.fields) if plan.logprobs else []
         text = {"type": "output_text", "text": arguments, "annotations": [], "logprobs": logprobs}
         item = {
             "type": "message",

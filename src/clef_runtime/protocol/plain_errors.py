@@ -157,14 +157,21 @@ def plain_error(err: Mapping[str, Any], loc: Sequence[str | int] | None = None) 
     return {"loc": where, "msg": plain_message(err, where), "type": err["type"]}
 
 
-def validate_object(model: type[ModelT], data: Any) -> ModelT:
-    """Validate a decoded JSON body as ``model`` (a request that must be a JSON object).
+def validate_object(
+    model: type[ModelT], data: Any, error_item: Callable[[Any], ErrorItem] = plain_error
+) -> ModelT:
+    """Validate a decoded JSON body as ``model`` (a request that must be a JSON object; an already built
+    ``model`` is returned as it is).
 
-    Returns the validated model. Raises :class:`RequestValidationError` naming each bad field in plain words.
+    ``error_item``: one pydantic error as the error the client reads (default: `plain_error`; a protocol
+    whose locations need cleaning passes its own). Returns the validated model. Raises
+    :class:`RequestValidationError` naming each bad field in plain words.
     """
+    if isinstance(data, model):
+        return data
     if not isinstance(data, dict):
         raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(plain_error(e) for e in exc.errors()) from None
+        raise RequestValidationError(error_item(e) for e in exc.errors(include_url=False)) from None

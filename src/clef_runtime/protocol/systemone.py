@@ -17,14 +17,13 @@ from pydantic import (
     PlainValidator,
     StrictBool,
     StringConstraints,
-    ValidationError,
     WithJsonSchema,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
-from clef_runtime.protocol.plain_errors import error_loc, plain_message
+from clef_runtime.protocol.errors import ErrorItem
+from clef_runtime.protocol.plain_errors import error_loc, plain_message, validate_object
 from clef_runtime.protocol.values import Text, check_json_value, check_keys
 
 __all__ = [
@@ -283,11 +282,4 @@ def parse_request(data: Any) -> SystemOneRequest:
     Returns the validated request. Raises :class:`RequestValidationError` listing every problem, each with
     the location of the offending field (e.g. ``("questions", "q1", "criteria")``).
     """
-    if isinstance(data, SystemOneRequest):
-        return data
-    if not isinstance(data, dict):
-        raise RequestValidationError.single((), "the request body must be a JSON object", "model_type")
-    try:
-        return SystemOneRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError([_clean_error(e) for e in exc.errors()]) from None
+    return validate_object(SystemOneRequest, data, _clean_error)

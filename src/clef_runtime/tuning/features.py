@@ -134,6 +134,11 @@ def _storage(hidden: Tensor) -> Tensor:
     return narrow if torch.equal(narrow.to(torch.float32), hidden) else hidden
 
 
+def _laid_out_as(stored: HeadLayout, layout: HeadLayout | None) -> bool:
+    """Whether features stored for ``stored`` serve a row laid out as ``layout`` (None: any layout)."""
+    return layout is None or _layout_json(stored) == _layout_json(layout)
+
+
 class FeatureStore:
     """Feature files under one directory (created on the first write)."""
 
@@ -153,6 +158,27 @@ class FeatureStore:
     def read(self, key: str, layout: HeadLayout | None = None) -> RowFeatures | None:
         """The features of ``key``, or None when there is no usable file: missing, unreadable, of another
         format, or (given ``layout``) made for a row laid out differently."""
+        opened = self._open(key, tensors=True)
+        if opened is None:
+            return None
+        stored, tensors = opened
+        if tensors is None or not _laid_out_as(stored, layout):
+            return None
+        hidden, lexical = tensors
+        if hidden.dim() != 2 or tuple(lexical.shape) != (stored.num_options, hidden.shape[1]):
+            return None
+        return RowFeatures(hidden=hidden, lexical=lexical.to(torch.float32), layout=stored)
+
+    def has(self, key: str, layout: HeadLayout | None = None) -> bool:
+        """Whether there is a file for ``key`` of this format (and, given ``layout``, made for a row laid
+        out so), from its metadata alone; `read` still checks the tensors."""
+        opened = self._open(key, tensors=False)
+        return opened is not None and _laid_out_as(opened[0], layout)
+
+    def _open(self, key: str, *, tensors: bool) -> tuple[HeadLayout, tuple[Tensor, Tensor] | None] | None:
+        """The layout stored in ``key``'s file and, with ``tensors``, its ``hidden`` and ``lexical`` tensors
+        (else None: the metadata alone is read); None when there is no file of this format for ``key`` or
+        it cannot be read."""
         path = self.path(key)
         if not path.is_file():
             return None
@@ -161,27 +187,11 @@ class FeatureStore:
                 stored = self._stored_layout(key, reader)
                 if stored is None:
                     return None
-                hidden, lexical = reader.get_tensor("hidden"), reader.get_tensor("lexical")
+                if not tensors:
+                    return stored, None
+                return stored, (reader.get_tensor("hidden"), reader.get_tensor("lexical"))
         except (OSError, KeyError, ValueError, safetensors.SafetensorError):
             return None
-        if layout is not None and _layout_json(stored) != _layout_json(layout):
-            return None
-        if hidden.dim() != 2 or tuple(lexical.shape) != (stored.num_options, hidden.shape[1]):
-            return None
-        return RowFeatures(hidden=hidden, lexical=lexical.to(torch.float32), layout=stored)
-
-    def has(self, key: str, layout: HeadLayout | None = None) -> bool:
-        """Whether there is a file for ``key`` of this format (and, given ``layout``, made for a row laid
-        out so), from its metadata alone; `read` still checks the tensors."""
-        path = self.path(key)
-        if not path.is_file():
-            return False
-        try:
-            with safetensors.safe_open(str(path), framework="pt", device="cpu") as reader:
-                stored = self._stored_layout(key, reader)
-        except (OSError, KeyError, ValueError, safetensors.SafetensorError):
-            return False
-        return stored is not None and (layout is None or _layout_json(stored) == _layout_json(layout))
 
     def write(self, key: str, features: RowFeatures) -> Path:
         """Writes the features of ``key`` atomically (temporary file, then rename). Raises OSError."""

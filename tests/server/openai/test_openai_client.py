@@ -14,24 +14,19 @@ import io
 import json
 import math
 from collections.abc import Iterator
-from enum import Enum
-from typing import Literal
 
 import httpx
 import numpy as np
 import openai
 import pytest
 from PIL import Image
-from pydantic import BaseModel, Field
 
 from clef_runtime.engine.clef import Clef
+from tests.clients.common import MESSAGES, QUESTIONS, USER, Mood, Ticket
 from tests.live_server import Live, first_max, systemone
 
 pytestmark = pytest.mark.slow
 
-SYSTEM = "You route support tickets."
-USER = "I was charged twice for my subscription and need this fixed today."
-MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -49,30 +44,9 @@ SCHEMA = {
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": SCHEMA, "strict": True}}
 # The same decision written by hand in System One (independent of the mapping under test).
 EQUIVALENT = {
-    "state": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
-    "questions": {
-        "team": {
-            "type": "choice",
-            "instructions": "Which team handles it?",
-            "criteria": {"billing": None, "tech": None, "sales": None},
-        },
-        "refund": {"type": "noul", "instructions": "Is a refund requested?"},
-        "urgency": {"type": "score", "instructions": "How urgent, 1 to 3", "criteria": ["1", "2", "3"]},
-    },
+    "state": MESSAGES,
+    "questions": {k: v for k, v in QUESTIONS.items() if k in SCHEMA["properties"]},
 }
-
-
-class Mood(Enum):
-    calm = "calm"
-    annoyed = "annoyed"
-    furious = "furious"
-
-
-class Ticket(BaseModel):
-    team: Literal["billing", "tech", "sales"] = Field(description="Which team handles it?")
-    mood: Mood = Field(description="How does the customer feel?")
-    refund: bool = Field(description="Is a refund requested?")
-    urgency: int = Field(ge=1, le=3, description="How urgent, 1 to 3")
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,7 @@ from clef_runtime.jobs.store import (
 )
 from clef_runtime.model.resolve import model_identity
 from clef_runtime.protocol.errors import RequestValidationError
-from clef_runtime.protocol.images import extract_images
-from clef_runtime.protocol.systemone import parse_request
+from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.server.runtime import ServerRuntime
 from clef_runtime.server.settings import ServerSettings
 
@@ -66,8 +65,7 @@ def _validate_line(data: Any) -> tuple[str | None, str]:
         raise RequestValidationError.single(
             ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
         )
-    request, _images = extract_images(dict(body))
-    parse_request(request)
+    parse_with_images(body)
     return custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 

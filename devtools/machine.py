@@ -2,7 +2,7 @@
 
 CPU model and the ISA flags that decide which kernels run (AVX2, AVX-512, its BF16 and VNNI extensions,
 AMX), the cores and the threads torch uses, memory, the torch build (CUDA or CPU, MKL, oneDNN), the GPU when
-there is one, the load average, and the GEMM limits (`benchmarks.lib.gemm`) measured in the same process.
+there is one, the load average, and the GEMM limits (`devtools.gemm`) measured in the same process.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.lib.gemm import DTYPES, STANDARD_SHAPES, GemmShape, measure_gemm
-from benchmarks.lib.timing import DEFAULT_REPEATS
+from devtools.gemm import DTYPES, STANDARD_SHAPES, GemmShape, measure_gemm
+from devtools.timing import DEFAULT_REPEATS
 
 __all__ = ["ISA_FLAGS", "cpu_flags", "cpu_model", "load_average", "machine_record", "memory_gib"]
 

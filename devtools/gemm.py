@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.lib.timing import DEFAULT_REPEATS, repeat
+from devtools.timing import DEFAULT_REPEATS, repeat
 
 __all__ = [
     "DTYPES",

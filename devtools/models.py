@@ -12,7 +12,7 @@ format, so a changed geometry gets a fresh directory (and the stale one is remov
   attention head dims (8 q / 2 kv x 256, output gate, partial M-RoPE [11, 11, 10]) and the DeltaNet head
   dims (8 key / 16 value heads x 128), full vocabulary; a head of the release's depth at width 256 (at width
   1,024 the head would cost ~10% of this backbone's FLOPs per token instead of the release's ~0.25%). The
-  model of ``engine_bench.py``, the int8 drift, the kernel comparison and the GPU check.
+  model of ``benchmarks.engine_bench``, the int8 drift, the kernel comparison and the GPU check.
 - ``medium-1024x4``: ``medium-1024`` with 4 layers (3 Gated DeltaNet + 1 attention): the model of the
   serving engine's targets (``bench_engine.py``).
 - ``release``: the 9B release's geometry (32 layers, hidden 4,096; no weights are ever built for it: the

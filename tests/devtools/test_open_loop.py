@@ -4,7 +4,7 @@ tests/reliability/test_overload.py): a check that cannot fail would make the ove
 from __future__ import annotations
 
 import pytest
-from benchmarks.lib.open_loop import OpenLoopRun, Outcome, overload_failures, p99_bound_s, run_open_loop
+from devtools.open_loop import OpenLoopRun, Outcome, overload_failures, p99_bound_s, run_open_loop
 
 
 def run_of(*outcomes: Outcome, rss: tuple[int, ...] = (100, 100)) -> OpenLoopRun:

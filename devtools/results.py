@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.gemm import QUICK_SHAPES, STANDARD_SHAPES
-from benchmarks.lib.machine import load_average, machine_record
+from devtools.gemm import QUICK_SHAPES, STANDARD_SHAPES
+from devtools.machine import load_average, machine_record
 
 __all__ = [
     "FORMAT",
@@ -30,7 +30,7 @@ __all__ = [
     "write_json",
 ]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 #: Where results files go (the committed ones are records: a run never overwrites them by default).
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -38,12 +38,16 @@ RESULTS = REPO / "benchmarks" / "results"
 FORMAT = 2
 
 
-def command_line(script: str, argv: Sequence[str] | None = None) -> str:
-    """The command that reproduces this run: ``python <script relative to the repository> ARGV`` (``argv``:
-    the arguments given, default ``sys.argv[1:]``), quoted for a POSIX shell."""
+def command_line(script: str | Path, argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces this run: ``python -m <module> ARGV`` for a script (a ``.py`` file, or a
+    package's folder) inside the repository, ``python <script>`` for one outside it (``argv``: the arguments
+    given, default ``sys.argv[1:]``), quoted for a POSIX shell."""
     path = Path(script).resolve()
-    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
-    return shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)])
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not path.is_relative_to(REPO):
+        return shlex.join(["python", str(path), *arguments])
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    return shlex.join(["python", "-m", module, *arguments])
 
 
 def default_output(stem: str, suffix: str = ".json") -> Path:
@@ -54,7 +58,7 @@ def default_output(stem: str, suffix: str = ".json") -> Path:
 
 def start_report(
     benchmark: str,
-    script: str,
+    script: str | Path,
     argv: Sequence[str] | None = None,
     *,
     command: str | None = None,

@@ -1,10 +1,10 @@
-"""`benchmarks.lib.machine`: the machine record, with its GEMM limits measured on tiny shapes."""
+"""`devtools.machine`: the machine record, with its GEMM limits measured on tiny shapes."""
 
 from __future__ import annotations
 
 import torch
-from benchmarks.lib.gemm import GemmShape
-from benchmarks.lib.machine import ISA_FLAGS, machine_record
+from devtools.gemm import GemmShape
+from devtools.machine import ISA_FLAGS, machine_record
 
 SHAPES = (GemmShape(32, 64, 64), GemmShape(32, 64, 128))
 

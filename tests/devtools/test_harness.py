@@ -1,4 +1,4 @@
-"""`benchmarks.lib.harness`: start a real server, load it, stop it (the tiny model and an instant engine)."""
+"""`devtools.harness`: start a real server, load it, stop it (the tiny model and an instant engine)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import httpx
 import pytest
-from benchmarks.lib.harness import (
+from devtools.harness import (
     engine_launcher,
     free_port,
     post_all,

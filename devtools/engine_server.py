@@ -1,4 +1,4 @@
-"""Serve an in-process engine through the real server code: ``python -m benchmarks.lib.engine_server
+"""Serve an in-process engine through the real server code: ``python -m devtools.engine_server
 FACTORY ARGUMENTS_JSON serve FLAGS``.
 
 ``FACTORY`` is ``"package.module:callable"`` (importable from the repository root), called once with the

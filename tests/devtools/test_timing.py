@@ -1,9 +1,9 @@
-"""`benchmarks.lib.timing`: every sample kept, the median with its spread."""
+"""`devtools.timing`: every sample kept, the median with its spread."""
 
 from __future__ import annotations
 
 import pytest
-from benchmarks.lib.timing import Samples, percentile, repeat, spread
+from devtools.timing import Samples, percentile, repeat, spread
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -1,4 +1,4 @@
-"""`benchmarks.lib.models`: the benchmark models are named geometries built by the package's own
+"""`devtools.models`: the benchmark models are named geometries built by the package's own
 random-checkpoint builder, cached by geometry; the tiny model stays what it was."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.lib.flags import engine_options
+from devtools.flags import engine_options
 
-from benchmarks.lib import models
 from clef_runtime.engine.clef import Clef
 from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.tiny import TINY_HEAD_CONFIG, Geometry, random_checkpoint_config, tiny_config
+from devtools import models
 
 SMALL = Geometry(
     hidden_size=32,

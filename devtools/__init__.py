@@ -1,4 +1,5 @@
-"""What every benchmark script shares, one module per job:
+"""What the tests, the benchmarks and the scripts share (developer tooling, not part of the installed
+package), one module per job:
 
 - `machine`: the machine record (CPU, ISA flags, threads, memory, torch build, GPU) with its GEMM limits;
 - `gemm`: GEMM limits for fp32, bf16 and int8 on several shapes, best of >= 3;
@@ -9,6 +10,7 @@
 - `results`: the report's header (command line, machine record) and writing it;
 - `requests`: generated request bodies and the drift between two sets of answers.
 
-The scripts put the repository root on ``sys.path`` and import ``benchmarks.lib.<module>``; the tests import
-the same modules (the repository root is on their path too).
+Everything runs from the repository root (``python -m benchmarks.<script>``, ``python -m scripts.<script>``,
+pytest), which puts the root on the path, and imports ``devtools.<module>``. The dependencies go one way:
+tests, benchmarks and scripts import `devtools`; `devtools` imports none of them.
 """

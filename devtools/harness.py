@@ -3,7 +3,7 @@ benchmarks and the tests share (``tests/serving.py`` re-exports it).
 
 A server is ``clef serve`` (``python -m clef_runtime.cli serve``), or the same command line run by another
 launcher: ``engine_launcher`` serves an in-process engine (an instant one, a fake) through the real server
-code, for measuring the server's own cost. Flags come from `benchmarks.lib.flags` (the options tables).
+code, for measuring the server's own cost. Flags come from `devtools.flags` (the options tables).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.lib.flags import serve_flags
+from devtools.flags import serve_flags
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 __all__ = [
     "CLEF_LAUNCHER",
@@ -96,7 +96,7 @@ def clef_serve_argv(model: str, port: int, *args: str) -> list[str]:
 def engine_launcher(factory: str, **arguments: Any) -> list[str]:
     """A launcher that serves the engine ``factory(**arguments)`` (``"package.module:callable"``, importable
     from the repository root; JSON-serialisable arguments) with the ``clef serve`` flags that follow it."""
-    return [sys.executable, "-m", "benchmarks.lib.engine_server", factory, json.dumps(arguments)]
+    return [sys.executable, "-m", "devtools.engine_server", factory, json.dumps(arguments)]
 
 
 def start_server_process(

@@ -1,4 +1,4 @@
-"""`benchmarks.lib.gemm`: the rates from the timings, limits over the shapes asked for, and the shapes a
+"""`devtools.gemm`: the rates from the timings, limits over the shapes asked for, and the shapes a
 model runs."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from benchmarks.lib.gemm import DTYPES, GemmShape, gemm_limit, linear_shapes, measure_gemm, model_shapes
-from benchmarks.lib.timing import Samples
+from devtools.gemm import DTYPES, GemmShape, gemm_limit, linear_shapes, measure_gemm, model_shapes
+from devtools.timing import Samples
 from torch import nn
 
-from benchmarks.lib import gemm
+from devtools import gemm
 
 SHAPES = (GemmShape(32, 64, 64), GemmShape(32, 64, 128))
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.lib.harness import post_all
-from benchmarks.lib.timing import percentile
+from devtools.harness import post_all
+from devtools.timing import percentile
 
 __all__ = ["OpenLoopRun", "Outcome", "capacity", "overload_failures", "p99_bound_s", "run_open_loop"]
 

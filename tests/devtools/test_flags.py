@@ -1,4 +1,4 @@
-"""`benchmarks.lib.flags`: flags generated from the options tables mean, to the ``clef`` parser, exactly the
+"""`devtools.flags`: flags generated from the options tables mean, to the ``clef`` parser, exactly the
 values they were generated from."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from benchmarks.lib.flags import engine_flags, engine_options, has_engine_option, serve_flags
+from devtools.flags import engine_flags, engine_options, has_engine_option, serve_flags
 
 from clef_runtime.cli import build_parser
 from clef_runtime.options import ENGINE_OPTIONS, EngineOptions

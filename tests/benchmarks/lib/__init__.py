@@ -1,1 +1,0 @@
-"""Tests of `benchmarks.lib`, the library every benchmark script shares."""

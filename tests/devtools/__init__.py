@@ -1,0 +1,1 @@
+"""Tests of `devtools`, the library the tests, benchmarks and scripts share."""
