@@ -136,6 +136,8 @@ class ServerMetrics:
         gauge = functools.partial(Gauge, registry=self.registry)
         seconds = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=self.registry)
         tokens = functools.partial(Histogram, buckets=_TOKEN_BUCKETS, registry=self.registry)
+        rows = functools.partial(Histogram, buckets=_ROW_BUCKETS, registry=self.registry)
+        steps = functools.partial(Histogram, buckets=_STEP_COUNT_BUCKETS, registry=self.registry)
         self.requests = counter(
             "clef_requests", "HTTP requests by route, method and status.", ["route", "method", "status"]
         )
@@ -153,12 +155,7 @@ class ServerMetrics:
             "clef_truncated_requests", "Requests whose state was truncated to fit the token limit."
         )
         self.questions = counter("clef_questions", "Questions answered, by type.", ["type"])
-        self.step_rows = Histogram(
-            "clef_step_rows",
-            "Requests computed per engine step.",
-            buckets=_ROW_BUCKETS,
-            registry=self.registry,
-        )
+        self.step_rows = rows("clef_step_rows", "Requests computed per engine step.")
         self.step_tokens = tokens("clef_step_tokens", "Padded tokens (rows x tokens) per engine step.")
         self.step_seconds = seconds("clef_step_duration_seconds", "Engine time per step.")
         self.step_failures = counter(
@@ -170,11 +167,9 @@ class ServerMetrics:
         self.compute_seconds = seconds(
             "clef_compute_seconds", "Time from a request's first engine step to its answer."
         )
-        self.request_steps = Histogram(
+        self.request_steps = steps(
             "clef_request_steps",
             "Engine steps a request took part in (a long request is prefilled in chunks across steps).",
-            buckets=_STEP_COUNT_BUCKETS,
-            registry=self.registry,
         )
         self.queue_depth = gauge("clef_queue_depth", "Requests waiting for the engine.")
         self.running = gauge("clef_running_requests", "Requests being computed now (started, not done).")

@@ -317,32 +317,44 @@ def _docs_page(request: Request, build: Callable[..., HTMLResponse], title: str,
     return _page(html, _MEDIA_TYPES[".html"], docs_csp(html))
 
 
-@router.get("/docs", include_in_schema=False)
-async def swagger_ui(request: Request) -> Response:
-    """Swagger UI with its files served from here (it works without internet)."""
-    return _docs_page(
-        request,
+_DOCS_PAGES: dict[str, tuple[Callable[..., HTMLResponse], str, dict[str, Any]]] = {
+    # Swagger UI with its files served from here (it works without internet).
+    "/docs": (
         get_swagger_ui_html,
         "API docs",
-        swagger_js_url="/static/vendor/swagger-ui-bundle.js",
-        swagger_css_url="/static/vendor/swagger-ui.css",
-        swagger_favicon_url="/static/favicon.svg",
-        # validatorUrl: null, or Swagger UI asks validator.swagger.io to check the schema.
-        swagger_ui_parameters={"validatorUrl": None, "tryItOutEnabled": True},
-    )
-
-
-@router.get("/redoc", include_in_schema=False)
-async def redoc(request: Request) -> Response:
-    """ReDoc with its file served from here and no web fonts from elsewhere."""
-    return _docs_page(
-        request,
+        {
+            "swagger_js_url": "/static/vendor/swagger-ui-bundle.js",
+            "swagger_css_url": "/static/vendor/swagger-ui.css",
+            "swagger_favicon_url": "/static/favicon.svg",
+            # validatorUrl: null, or Swagger UI asks validator.swagger.io to check the schema.
+            "swagger_ui_parameters": {"validatorUrl": None, "tryItOutEnabled": True},
+        },
+    ),
+    # ReDoc with its file served from here and no web fonts from elsewhere.
+    "/redoc": (
         get_redoc_html,
         "API reference",
-        redoc_js_url="/static/vendor/redoc.standalone.js",
-        redoc_favicon_url="/static/favicon.svg",
-        with_google_fonts=False,
-    )
+        {
+            "redoc_js_url": "/static/vendor/redoc.standalone.js",
+            "redoc_favicon_url": "/static/favicon.svg",
+            "with_google_fonts": False,
+        },
+    ),
+}
+"""The API's pages that FastAPI builds (``build``, a title, their asset URLs), by path."""
+
+
+def _add_docs_route(
+    path: str, build: Callable[..., HTMLResponse], title: str, assets: dict[str, Any]
+) -> None:
+    async def serve(request: Request) -> Response:
+        return _docs_page(request, build, title, **assets)
+
+    router.add_api_route(path, serve, methods=["GET"], include_in_schema=False, name=f"docs:{path}")
+
+
+for _path, (_build, _title, _assets) in _DOCS_PAGES.items():
+    _add_docs_route(_path, _build, _title, _assets)
 
 
 FEATURE = Feature("pages", router)
