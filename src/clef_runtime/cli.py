@@ -242,18 +242,16 @@ def _load_clef(args: argparse.Namespace) -> Any:
     """The model of ``--model`` with the engine options, or None after one line on stderr when it cannot be
     loaded. Raises `OptionsError` (a usage error) for a bad option."""
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
+    from clef_runtime.model.load_errors import LoadFailure, classify_load_error
 
     model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
     try:
         # Clef.load itself warns (once) when the model is untrained.
         return Clef.load(model, EngineOptions.from_sources(args, os.environ))
-    except OptionsError:
-        raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as exc:
-        # What Clef.load reports with a complete message: a missing or damaged checkpoint, a failed
-        # download, not enough memory, a device torch does not see (ValueError).
+    except Exception as exc:
+        # A bad option goes on to the usage error; a bug keeps its traceback.
+        if classify_load_error(exc) is not LoadFailure.UNLOADABLE:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return None
 

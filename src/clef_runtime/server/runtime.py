@@ -31,6 +31,7 @@ from clef_runtime.engine.loop import (
     StepStats,
 )
 from clef_runtime.engine.policy import StepSettings
+from clef_runtime.model.load_errors import is_out_of_memory
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
@@ -97,11 +98,9 @@ def load_clef(settings: ServerSettings) -> Engine:
 def _expected_load_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a failure ``Clef.load`` reports with a complete message (a missing or damaged
     checkpoint, a failed download, not enough memory, a bad option) rather than a bug."""
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
-    from clef_runtime.options import OptionsError
+    from clef_runtime.model.load_errors import classify_load_error
 
-    return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
+    return classify_load_error(exc) is not None
 
 
 def step_settings(engine: Engine, settings: ServerSettings) -> StepSettings:
@@ -453,7 +452,7 @@ class ServerRuntime:
             raise ApiError(400, exc.error_type, exc.message) from None
         except Exception as exc:
             # Out of memory is capacity, not a bad request: 503 so clients back off and retry.
-            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            if is_out_of_memory(exc):
                 self.metrics.rejected.labels("out_of_memory").inc()
                 raise ApiError(
                     503,
