@@ -36,7 +36,7 @@ from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, che
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
 from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
-from clef_runtime.engine.policy import StepSettings
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS, StepSettings, build_step_settings
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
@@ -76,9 +76,6 @@ DEFAULT_CACHE_CAP = 4 * 1024**3
 #: long row gains nothing from company and a small step lets short requests in after ~one chunk; on CUDA
 #: throughput comes from packing many requests' tokens into one step).
 DEFAULT_STEP_TOKENS = {"cpu": 1024, "cuda": 16384}
-
-#: Most rows computed in one step when the caller does not say (the server's --max-batch-size).
-DEFAULT_STEP_ROWS = 32
 
 MiB = 1024 * 1024
 
@@ -221,7 +218,7 @@ class Clef:
             prefix_ids=self.encoder.prefix_ids,
             model_lock=self._model_lock,
             prefill_chunk=options.prefill_chunk,
-            seed_readout=options.pad_last_chunk,
+            pad_last_chunk=options.pad_last_chunk,
             snapshot_interval=options.snapshot_interval,
             confidence=options.confidence,
         )
@@ -377,7 +374,7 @@ class Clef:
         self, *, max_rows: int = DEFAULT_STEP_ROWS, deterministic: bool = False
     ) -> StepSettings:
         """The policy settings of this engine's steps: its step budget, ``max_rows`` rows per step."""
-        return StepSettings(max_step_tokens=self.step_tokens, max_rows=max_rows, deterministic=deterministic)
+        return build_step_settings(self.step_tokens, max_rows=max_rows, deterministic=deterministic)
 
     # ------------------------------------------------------------------------------------------ requests
 

@@ -22,7 +22,6 @@ from starlette.requests import Request
 
 from clef_runtime.engine.contract import DecisionEngine, IndependentRequest, PreparedItem, submit_parts
 from clef_runtime.engine.decision import Decision
-from clef_runtime.engine.heap_trim import HeapTrimmer
 from clef_runtime.engine.loop import (
     EngineLoop,
     QueueFullError,
@@ -30,7 +29,8 @@ from clef_runtime.engine.loop import (
     SchedulerClosedError,
     StepStats,
 )
-from clef_runtime.engine.policy import StepSettings
+from clef_runtime.engine.policy import StepSettings, build_step_settings
+from clef_runtime.heap_trim import HeapTrimmer
 from clef_runtime.model.load_errors import is_out_of_memory
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
@@ -105,8 +105,8 @@ def _expected_load_error(exc: BaseException) -> bool:
 
 def step_settings(engine: Engine, settings: ServerSettings) -> StepSettings:
     """The engine loop's policy settings: the engine's step budget, the server's row and lane limits."""
-    return StepSettings(
-        max_step_tokens=engine.step_tokens,
+    return build_step_settings(
+        engine.step_tokens,
         max_rows=settings.max_batch_size,
         background_rows=settings.jobs_batch_size,
         deterministic=settings.deterministic,
