@@ -285,18 +285,14 @@ def _check_before_serving(options: EngineOptions) -> None:
     """What `Clef.load` checks before the slow part, done here: ``clef mcp`` loads the model only after the
     agent's handshake, where a bad option would end the server mid-session instead of as a usage error.
     Raises `OptionsError` naming the flag."""
-    from clef_runtime.engine.calibration import Calibration
-    from clef_runtime.engine.heads import check_head_specs
     from clef_runtime.engine.images import ImageSettings
-    from clef_runtime.options import parse_head_specs
+    from clef_runtime.engine.preflight import check_engine_files
 
     try:
         ImageSettings(mode=options.image_mode, max_tokens=options.image_max_tokens)
     except ValueError as exc:
         raise OptionsError(f"--image-max-tokens: {exc}") from None
-    if options.calibration:
-        Calibration.load(options.calibration)  # a CalibrationError names the file and the field
-    check_head_specs(parse_head_specs(options.head))
+    check_engine_files(options)  # a CalibrationError names the file and the field
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:

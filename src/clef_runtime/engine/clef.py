@@ -32,11 +32,12 @@ from clef_runtime.engine.calibration import Calibration, CalibrationError
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError
-from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, check_head_specs, load_head
+from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, load_head
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
 from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
 from clef_runtime.engine.policy import DEFAULT_STEP_ROWS, StepSettings, build_step_settings
+from clef_runtime.engine.preflight import EngineFiles, check_engine_files
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
@@ -226,7 +227,14 @@ class Clef:
     # ------------------------------------------------------------------------------------------ loading
 
     @classmethod
-    def load(cls, model: str = "tiny", options: EngineOptions | None = None, **overrides: Any) -> Clef:
+    def load(
+        cls,
+        model: str = "tiny",
+        options: EngineOptions | None = None,
+        *,
+        checked_files: EngineFiles | None = None,
+        **overrides: Any,
+    ) -> Clef:
         """Load ``model``: ``"tiny"``, a local release directory, or a Hugging Face repo id with an optional
         ``@revision``. Nothing from the checkpoint is executed; weights come from safetensors only.
 
@@ -238,13 +246,18 @@ class Clef:
         model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option
         or calibration file (``CalibrationError``, checked before anything loads),
         TypeError for an unknown one, or ``ModelResolutionError`` when a download fails.
+
+        ``checked_files``: what `check_engine_files` read for these options (``clef serve`` checks them
+        before it listens), so the calibration file and the head directories are not read again here.
         """
         started = time.perf_counter()
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
-        calibration = Calibration.load(opts.calibration) if opts.calibration else None
-        head_specs = parse_head_specs(opts.head)
-        check_head_specs(head_specs)  # a wrong --head fails before the slow part
+        # A wrong --calibration or --head fails before the slow part.
+        files = checked_files if checked_files is not None else check_engine_files(opts)
+        if not files.belongs_to(opts):
+            raise ValueError("checked_files were read for other --calibration / --head values")
+        calibration, head_specs = files.calibration, list(files.heads)
         resolved = resolve_model(model)
         check_head_names(head_specs, resolved.name)  # and one named as the model
         if resolved.is_tiny:

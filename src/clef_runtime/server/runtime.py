@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -39,6 +39,9 @@ from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.limits import RateLimiter
 from clef_runtime.server.metrics import CacheSeries, ServerMetrics
 from clef_runtime.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from clef_runtime.engine.preflight import EngineFiles
 
 __all__ = [
     "Engine",
@@ -85,14 +88,15 @@ class Dispatcher(Protocol):
 DispatcherFactory = Callable[[Engine, ServerSettings, "ServerRuntime"], Dispatcher]
 
 
-def load_clef(settings: ServerSettings) -> Engine:
-    """Load the model named by ``settings.model`` with the settings' engine options (the default factory).
+def load_clef(settings: ServerSettings, checked_files: EngineFiles | None = None) -> Engine:
+    """Load the model named by ``settings.model`` with the settings' engine options (the default factory);
+    ``checked_files``: their calibration and head files, already read (see `Clef.load`).
 
     Returns the loaded ``Clef``. Raises whatever ``Clef.load`` raises (missing files, bad revision, ...).
     """
     from clef_runtime.engine.clef import Clef
 
-    return Clef.load(settings.model, settings.engine_options())
+    return Clef.load(settings.model, settings.engine_options(), checked_files=checked_files)
 
 
 def _expected_load_error(exc: BaseException) -> bool:
