@@ -17,9 +17,10 @@ PACKAGE = "clef_runtime"
 ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 # Rank of each part of the package: an import may only go to the same rank or lower.
-# version, options, release (a checkpoint's file layout), shards (the one shard reader) and logs (the log
-# format) are leaves every layer may read; the package root re-exports the engine's Clef. jobs (the durable
-# job store and the runner that feeds the engine's background lane) sits with the engine; evaluation
+# version, options, release (a checkpoint's file layout), shards (the one shard reader), logs (the log
+# format) and heap_trim (giving the C heap's free pages back: a process tool) are leaves every layer may
+# read; the package root re-exports the engine's Clef. jobs (the durable job store and the runner that feeds
+# the engine's background lane) sits with the engine; evaluation
 # (measuring a loaded engine on labelled cases) and tuning (training a head on them) sit with the server.
 # scale (Ray Serve replicas and routing) is built from the server's runtime, above it: the server never knows
 # how it is scaled out. The entry points (the CLI, the serve command, the quick bench) are on top.
@@ -29,6 +30,7 @@ RANKS = {
     "release": 0,
     "shards": 0,
     "logs": 0,
+    "heap_trim": 0,
     "protocol": 1,
     "encoding": 2,
     "vision": 3,

@@ -252,18 +252,16 @@ def _load_clef(args: argparse.Namespace) -> Any:
     """The model of ``--model`` with the engine options, or None after one line on stderr when it cannot be
     loaded. Raises `OptionsError` (a usage error) for a bad option."""
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
+    from clef_runtime.model.load_errors import LoadFailure, classify_load_error
 
     model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
     try:
         # Clef.load itself warns (once) when the model is untrained.
         return Clef.load(model, EngineOptions.from_sources(args, os.environ))
-    except OptionsError:
-        raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as exc:
-        # What Clef.load reports with a complete message: a missing or damaged checkpoint, a failed
-        # download, not enough memory, a device torch does not see (ValueError).
+    except Exception as exc:
+        # A bad option goes on to the usage error; a bug keeps its traceback.
+        if classify_load_error(exc) is not LoadFailure.UNLOADABLE:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return None
 
@@ -297,18 +295,14 @@ def _check_before_serving(options: EngineOptions) -> None:
     """What `Clef.load` checks before the slow part, done here: ``clef mcp`` loads the model only after the
     agent's handshake, where a bad option would end the server mid-session instead of as a usage error.
     Raises `OptionsError` naming the flag."""
-    from clef_runtime.engine.calibration import Calibration
-    from clef_runtime.engine.heads import check_head_specs
     from clef_runtime.engine.images import ImageSettings
-    from clef_runtime.options import parse_head_specs
+    from clef_runtime.engine.preflight import check_engine_files
 
     try:
         ImageSettings(mode=options.image_mode, max_tokens=options.image_max_tokens)
     except ValueError as exc:
         raise OptionsError(f"--image-max-tokens: {exc}") from None
-    if options.calibration:
-        Calibration.load(options.calibration)  # a CalibrationError names the file and the field
-    check_head_specs(parse_head_specs(options.head))
+    check_engine_files(options)  # a CalibrationError names the file and the field
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:

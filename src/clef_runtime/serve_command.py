@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from clef_runtime.logs import configure_logging
-from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, Option, add_option_arguments
+from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, Option, OptionsError, add_option_arguments
 from clef_runtime.scale.settings import RAY_OPTIONS, RaySettings
 from clef_runtime.server.settings import OPTIONS, ServerSettings, SettingsError, settings_from_namespace
 
@@ -180,23 +180,13 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     except SettingsError as exc:
         print(f"clef serve: error: {exc}", file=sys.stderr)
         return 2
-    if settings.engine.calibration:
-        # The model loads in the background; a bad calibration file must fail here, before binding, as a
-        # usage error (exit 2), not as a load failure seen only in the log.
-        from clef_runtime.engine.calibration import Calibration, CalibrationError
-
+    engine_factory = None
+    if settings.engine.calibration or settings.engine.head:
+        # The model loads in the background; a bad calibration file or --head (a missing directory, a
+        # malformed config) must fail here, before binding, as a usage error (exit 2), not as a load failure
+        # seen only in the log. What was read goes on to the load.
         try:
-            Calibration.load(settings.engine.calibration)
-        except CalibrationError as exc:
-            print(f"clef serve: error: {exc}", file=sys.stderr)
-            return 2
-    if settings.engine.head:
-        # Likewise a bad --head (a missing directory, a malformed config): before binding, exit 2.
-        from clef_runtime.engine.heads import check_head_specs
-        from clef_runtime.options import OptionsError, parse_head_specs
-
-        try:
-            check_head_specs(parse_head_specs(settings.engine.head))
+            engine_factory = _engine_factory_with_checked_files(settings)
         except OptionsError as exc:
             print(f"clef serve: error: {exc}", file=sys.stderr)
             return 2
@@ -206,12 +196,22 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         return _cannot_listen(exc)
     configure_logging(settings.log_level)
     if not ray.ray:
-        return serve(settings, sock=sock)
+        return serve(settings, engine_factory=engine_factory, sock=sock)
     # Ray Serve's proxy binds the port itself, once Ray and the replicas have started: checked above.
     sock.close()
     from clef_runtime.scale.ray_serve import run_ray_serve
 
     return run_ray_serve(settings, ray)
+
+
+def _engine_factory_with_checked_files(settings: ServerSettings) -> EngineFactory:
+    """Check the files the engine options name (`check_engine_files`) and return the server's engine factory
+    that loads the model with what was read. Raises `OptionsError` naming the flag and the file."""
+    from clef_runtime.engine.preflight import check_engine_files
+    from clef_runtime.server.runtime import load_clef
+
+    files = check_engine_files(settings.engine)
+    return lambda serving: load_clef(serving, checked_files=files)
 
 
 def _cannot_listen(exc: CannotListenError) -> int:

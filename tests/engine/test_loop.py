@@ -57,6 +57,9 @@ class FakeRunner:
             self.log.append(("admit", tuple(item.name for item in items)))
         return [FakeBatch(self, dict(enumerate(items)))]
 
+    def advance(self, batch: FakeBatch, tokens: int) -> dict[int, Decision]:
+        return batch.advance(tokens)
+
     def step(self) -> None:
         """Let one held advance go."""
         self.release.release()

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from clef_runtime.engine.policy import Admit, Advance, Running, Step, StepSettings, Waiting, compose_step
+from clef_runtime.engine.policy import (
+    DEFAULT_STEP_ROWS,
+    Admit,
+    Advance,
+    Running,
+    Step,
+    StepSettings,
+    Waiting,
+    build_step_settings,
+    compose_step,
+)
+from clef_runtime.engine.warmup import warmup_shapes
+from clef_runtime.server.settings import ServerSettings
 
 
 def waiting(key: int, tokens: int, **extra: object) -> Waiting:
@@ -156,3 +168,16 @@ def test_an_interactive_request_never_waits_for_a_paused_background_batch() -> N
     background = running(1, 500, background=True, holds=frozenset({b"s"}))
     step = compose([waiting(2, 300, hold=b"s")], [background], budget=4096)
     assert step.parts == (Admit((2,), 300),)
+
+
+def test_an_engine_loop_s_settings_come_from_one_builder_with_one_row_default() -> None:
+    built = build_step_settings(1024, max_rows=8, background_rows=4, deterministic=True)
+    assert built == StepSettings(max_step_tokens=1024, max_rows=8, background_rows=4, deterministic=True)
+    # The policy's row limit, the server's --max-batch-size and the warm-up's rows are one default.
+    assert (
+        build_step_settings(1024).max_rows == StepSettings(max_step_tokens=1024).max_rows == DEFAULT_STEP_ROWS
+    )
+    assert ServerSettings(model="tiny").max_batch_size == DEFAULT_STEP_ROWS
+    assert warmup_shapes("cuda", max_step_tokens=10**6) == warmup_shapes(
+        "cuda", max_step_tokens=10**6, max_rows=DEFAULT_STEP_ROWS
+    )

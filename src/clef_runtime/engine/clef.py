@@ -33,11 +33,12 @@ from clef_runtime.engine.card import CardedEngine, EngineCard
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.executor import StepExecutor
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError
-from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, check_head_specs, load_head
+from clef_runtime.engine.heads import HeadSet, ServedHead, check_head_names, load_head
 from clef_runtime.engine.images import ImageEmbedder, ImageSettings, load_processor_config
 from clef_runtime.engine.independent import IndependentRequest, submit_parts
 from clef_runtime.engine.loop import EngineLoop
-from clef_runtime.engine.policy import StepSettings
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS, StepSettings, build_step_settings
+from clef_runtime.engine.preflight import EngineFiles, check_engine_files
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone, BackboneState
@@ -71,9 +72,6 @@ DEFAULT_CACHE_CAP = 4 * 1024**3
 #: long row gains nothing from company and a small step lets short requests in after ~one chunk; on CUDA
 #: throughput comes from packing many requests' tokens into one step).
 DEFAULT_STEP_TOKENS = {"cpu": 1024, "cuda": 16384}
-
-#: Most rows computed in one step when the caller does not say (the server's --max-batch-size).
-DEFAULT_STEP_ROWS = 32
 
 MiB = 1024 * 1024
 
@@ -209,7 +207,7 @@ class Clef(CardedEngine):
             prefix_ids=self.encoder.prefix_ids,
             model_lock=self._model_lock,
             prefill_chunk=options.prefill_chunk,
-            seed_readout=options.pad_last_chunk,
+            pad_last_chunk=options.pad_last_chunk,
             snapshot_interval=options.snapshot_interval,
             confidence=options.confidence,
         )
@@ -217,7 +215,14 @@ class Clef(CardedEngine):
     # ------------------------------------------------------------------------------------------ loading
 
     @classmethod
-    def load(cls, model: str = "tiny", options: EngineOptions | None = None, **overrides: Any) -> Clef:
+    def load(
+        cls,
+        model: str = "tiny",
+        options: EngineOptions | None = None,
+        *,
+        checked_files: EngineFiles | None = None,
+        **overrides: Any,
+    ) -> Clef:
         """Load ``model``: ``"tiny"``, a local release directory, or a Hugging Face repo id with an optional
         ``@revision``. Nothing from the checkpoint is executed; weights come from safetensors only.
 
@@ -229,13 +234,18 @@ class Clef(CardedEngine):
         model does not fit; the message says what would), `OptionsError` (a ValueError) for a bad option
         or calibration file (``CalibrationError``, checked before anything loads),
         TypeError for an unknown one, or ``ModelResolutionError`` when a download fails.
+
+        ``checked_files``: what `check_engine_files` read for these options (``clef serve`` checks them
+        before it listens), so the calibration file and the head directories are not read again here.
         """
         started = time.perf_counter()
         opts = (options or EngineOptions()).replace(**overrides) if overrides else options or EngineOptions()
         ImageSettings(mode=opts.image_mode, max_tokens=opts.image_max_tokens)  # validate before the slow part
-        calibration = Calibration.load(opts.calibration) if opts.calibration else None
-        head_specs = parse_head_specs(opts.head)
-        check_head_specs(head_specs)  # a wrong --head fails before the slow part
+        # A wrong --calibration or --head fails before the slow part.
+        files = checked_files if checked_files is not None else check_engine_files(opts)
+        if not files.belongs_to(opts):
+            raise ValueError("checked_files were read for other --calibration / --head values")
+        calibration, head_specs = files.calibration, list(files.heads)
         resolved = resolve_model(model)
         check_head_names(head_specs, resolved.name)  # and one named as the model
         if resolved.is_tiny:
@@ -365,7 +375,7 @@ class Clef(CardedEngine):
         self, *, max_rows: int = DEFAULT_STEP_ROWS, deterministic: bool = False
     ) -> StepSettings:
         """The policy settings of this engine's steps: its step budget, ``max_rows`` rows per step."""
-        return StepSettings(max_step_tokens=self.step_tokens, max_rows=max_rows, deterministic=deterministic)
+        return build_step_settings(self.step_tokens, max_rows=max_rows, deterministic=deterministic)
 
     # ------------------------------------------------------------------------------------------ requests
 

@@ -17,6 +17,7 @@ from clef_runtime.engine.card import EngineCard
 from clef_runtime.engine.head_records import HeadInfo
 from clef_runtime.engine.independent import IndependentRequest, merge_decisions, submit_parts
 from clef_runtime.engine.loop import StepRunner
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.protocol.systemone import SystemOneRequest
 
 __all__ = [
@@ -139,7 +140,7 @@ class DecisionEngine(Protocol[PreparedT]):
         records."""
         ...
 
-    def warmup(self, *, max_rows: int = 32) -> None:
+    def warmup(self, *, max_rows: int = DEFAULT_STEP_ROWS) -> None:
         """Run one small request so the first real one does not pay for lazy initialisation (an engine that
         compiles per shape also runs the step shapes it can form with at most ``max_rows`` rows)."""
         ...

@@ -92,10 +92,10 @@ class _Row:
 
 
 @dataclass(eq=False)
-class _Batch:
-    """Admitted rows that continue one start state, advanced together."""
+class _AdmittedBatch:
+    """Admitted rows that continue one start state, advanced together by their executor
+    (`StepExecutor.advance`)."""
 
-    executor: StepExecutor
     start: BackboneState
     rows: dict[int, _Row]
     prefill: BatchPrefill | None = None
@@ -108,10 +108,6 @@ class _Batch:
         if self.prefill is None:
             return {index: row.work.record.input_tokens for index, row in self.rows.items()}
         return {index: self.prefill.remaining(self.numbers[index]) for index in self.rows}
-
-    def advance(self, tokens: int) -> dict[int, Decision]:
-        """Compute the next ``tokens`` tokens; returns the decisions of the rows that completed."""
-        return self.executor._advance(self, tokens)
 
     def drop(self, indexes: Iterable[int]) -> None:
         """Take rows out (a cancelled request): nothing of theirs is stored."""
@@ -138,7 +134,7 @@ class StepExecutor:
         prefix_ids: Sequence[int],
         model_lock: threading.Lock,
         prefill_chunk: int | None = None,
-        seed_readout: bool = False,
+        pad_last_chunk: bool = False,
         snapshot_interval: int = 512,
         confidence: str = "seed",
         max_snapshot_rows: int = MAX_SNAPSHOT_ROWS,
@@ -152,7 +148,7 @@ class StepExecutor:
         self.prefix_ids = list(prefix_ids)
         self.model_lock = model_lock
         self.prefill_chunk = prefill_chunk
-        self.seed_readout = seed_readout
+        self.pad_last_chunk = pad_last_chunk
         self.snapshot_interval = snapshot_interval
         self.confidence = confidence
         self.max_snapshot_rows = max_snapshot_rows
@@ -184,7 +180,7 @@ class StepExecutor:
         """Where ``item`` would resume now (see `Estimate`). Raises ValueError for a record that does not
         start with the prompt prefix."""
         self._check_prefix(item.record)
-        if self.seed_readout:
+        if self.pad_last_chunk:
             return Estimate(item.record.input_tokens, None, None)
         record = item.record
         if item.state_key in self._handoff:
@@ -204,7 +200,7 @@ class StepExecutor:
         *,
         share: Collection[Hashable] = (),
         held: Collection[int] = (),
-    ) -> list[_Batch]:
+    ) -> list[_AdmittedBatch]:
         """Start ``items`` as batches (one per cached point they resume at). ``share``: states other
         waiting requests want (their rows snapshot the state end even with the cache off); ``held``:
         indexes of items that waited for another request's state. Returns the batches; their rows are keyed
@@ -213,9 +209,9 @@ class StepExecutor:
         wanted = {*share, *(w.state_key for w in items)}
         for key in [key for key in self._handoff if key not in wanted]:
             del self._handoff[key]
-        if self.seed_readout:
+        if self.pad_last_chunk:
             return [
-                _Batch(self, self.prefix_state, {i: _Row(i, w, 0, RowPlan((), False, MISS), False)})
+                _AdmittedBatch(self.prefix_state, {i: _Row(i, w, 0, RowPlan((), False, MISS), False)})
                 for i, w in enumerate(items)
             ]
         groups: dict[Any, list[tuple[int, PreparedRequest, int]]] = {}
@@ -278,7 +274,7 @@ class StepExecutor:
         if row.start_at or report.cached_tokens:
             cache.add_saved(row.start_at, report.cached_tokens)
 
-    def _open(self, start: BackboneState, rows: dict[int, _Row]) -> _Batch:
+    def _open(self, start: BackboneState, rows: dict[int, _Row]) -> _AdmittedBatch:
         """A batch of ``rows`` over a copy of ``start`` (images embedded for rows that need them)."""
         ordered = list(rows.values())
         started = time.perf_counter()
@@ -296,7 +292,7 @@ class StepExecutor:
                 max_call_tokens=self.backbone.max_call_tokens,
             )
         self._add_work(backbone_s=time.perf_counter() - started)
-        return _Batch(self, start, rows, prefill, {row.index: n for n, row in enumerate(ordered)})
+        return _AdmittedBatch(start, rows, prefill, {row.index: n for n, row in enumerate(ordered)})
 
     def _image_rows(self, image_lists: Sequence[Sequence[PreparedImage]]) -> list[list[Tensor]]:
         """Tower rows of every image of every list (one tower pass for them all), per list."""
@@ -336,7 +332,9 @@ class StepExecutor:
 
     # ----------------------------------------------------------------------------------------- advance
 
-    def _advance(self, batch: _Batch, tokens: int) -> dict[int, Decision]:
+    def advance(self, batch: _AdmittedBatch, tokens: int) -> dict[int, Decision]:
+        """Compute the next ``tokens`` tokens of ``batch``; returns the decisions of the rows that completed
+        (they leave the batch)."""
         t0 = time.perf_counter()
         with self.model_lock, flush_denormals(), torch.inference_mode():
             if batch.prefill is None:
@@ -357,7 +355,7 @@ class StepExecutor:
             del batch.rows[index]
         return decisions
 
-    def _completed(self, batch: _Batch, index: int, number: int) -> Tensor:
+    def _completed(self, batch: _AdmittedBatch, index: int, number: int) -> Tensor:
         """Store what row ``index`` computed (its snapshots), and return its whole hidden rows."""
         assert batch.prefill is not None
         row = batch.rows[index]
@@ -375,7 +373,7 @@ class StepExecutor:
                 self._handoff[row.work.state_key] = batch.start.assemble([result.segment], points[end])
         return torch.cat([batch.start.hidden, result.hidden])
 
-    def _seed_rows(self, batch: _Batch) -> dict[int, Tensor]:
+    def _seed_rows(self, batch: _AdmittedBatch) -> dict[int, Tensor]:
         """The seed's readout: each row alone from zero states in ``prefill_chunk``-token calls, the last
         call padded with ``<|endoftext|>``; no state cache."""
         rows = list(batch.rows.values())
@@ -400,7 +398,7 @@ class StepExecutor:
             self._add_work(tokens=record.input_tokens)
         return hiddens
 
-    def _decide(self, batch: _Batch, hiddens: dict[int, Tensor]) -> dict[int, Decision]:
+    def _decide(self, batch: _AdmittedBatch, hiddens: dict[int, Tensor]) -> dict[int, Decision]:
         """Head, softmax, calibration and answers for the rows in ``hiddens``."""
         if not hiddens:
             return {}

@@ -107,11 +107,6 @@ class RunningBatch(Protocol):
         """Tokens every row still in the batch has to compute."""
         ...
 
-    def advance(self, tokens: int) -> dict[int, Decision]:
-        """Compute the next ``tokens`` tokens of every row; returns the decisions of the rows that
-        completed (they leave the batch)."""
-        ...
-
     def drop(self, indexes: Iterable[int]) -> None:
         """Take rows out without completing them."""
         ...
@@ -129,6 +124,11 @@ class StepRunner(Protocol):
     ) -> Sequence[RunningBatch]:
         """Start ``items`` as one or more batches. ``share``: states that waiting requests want kept;
         ``held``: indexes of items that waited for another request's state."""
+        ...
+
+    def advance(self, batch: Any, tokens: int) -> dict[int, Decision]:
+        """Compute the next ``tokens`` tokens of every row of ``batch`` (one `admit` returned); returns the
+        decisions of the rows that completed (they leave the batch)."""
         ...
 
 
@@ -165,7 +165,9 @@ class _Entry:
 
 
 @dataclass(eq=False)
-class _Batch:
+class _TrackedBatch:
+    """A batch the runner admitted, as the loop keeps it: the runner's handle and the entries of its rows."""
+
     key: int
     handle: RunningBatch
     entries: dict[int, _Entry]
@@ -218,7 +220,7 @@ class EngineLoop:
         self._batch_keys = itertools.count()
         self._inbox: list[_Entry] = []
         self._waiting: list[_Entry] = []
-        self._batches: dict[Hashable, _Batch] = {}  # by key: the policy's keys are opaque Hashables
+        self._batches: dict[Hashable, _TrackedBatch] = {}  # by key: the policy's keys are opaque Hashables
         self._work_done = 0
         self._closing = False
         self._drain = True
@@ -575,7 +577,7 @@ class EngineLoop:
                 failed = failed or not ok
         return completed, failed
 
-    def _admit(self, entries: list[_Entry], wanted: set[Hashable]) -> list[_Batch] | None:
+    def _admit(self, entries: list[_Entry], wanted: set[Hashable]) -> list[_TrackedBatch] | None:
         held = [i for i, e in enumerate(entries) if e.held]
         try:
             handles = self.runner.admit([e.item for e in entries], share=wanted, held=held)
@@ -586,7 +588,7 @@ class EngineLoop:
         for handle in handles:
             own = {index: entries[index] for index in handle.remaining()}
             first = min(own.values(), key=lambda e: e.seq)
-            batch = _Batch(
+            batch = _TrackedBatch(
                 next(self._batch_keys),
                 handle,
                 own,
@@ -599,11 +601,11 @@ class EngineLoop:
             batches.append(batch)
         return batches
 
-    def _advance(self, batch: _Batch, tokens: int) -> tuple[int, bool]:
+    def _advance(self, batch: _TrackedBatch, tokens: int) -> tuple[int, bool]:
         for entry in batch.entries.values():
             entry.steps += 1
         try:
-            decisions = batch.handle.advance(tokens)
+            decisions = self.runner.advance(batch.handle, tokens)
         except Exception as exc:
             with self._cond:
                 self._batches.pop(batch.key, None)
@@ -697,25 +699,27 @@ class WholeRequestRunner:
     def admit(
         self, items: Sequence[Any], *, share: Collection[Hashable] = (), held: Collection[int] = ()
     ) -> list[RunningBatch]:
-        return [_WholeBatch(self, dict(enumerate(items)))]
+        return [_WholeBatch(self._tokens, dict(enumerate(items)))]
 
-
-class _WholeBatch:
-    def __init__(self, runner: WholeRequestRunner, items: dict[int, Any]) -> None:
-        self._runner = runner
-        self._items = items
-
-    def remaining(self) -> dict[int, int]:
-        return {index: self._runner._tokens(item) for index, item in self._items.items()}
-
-    def advance(self, tokens: int) -> dict[int, Decision]:
-        indexes = list(self._items)
-        decisions = list(self._runner._decide([self._items[i] for i in indexes]))
+    def advance(self, batch: _WholeBatch, tokens: int) -> dict[int, Decision]:
+        indexes = list(batch.items)
+        decisions = list(self._decide([batch.items[i] for i in indexes]))
         if len(decisions) != len(indexes):
             raise RuntimeError(f"the engine returned {len(decisions)} decisions for {len(indexes)} requests")
-        self._items = {}
+        batch.items = {}
         return dict(zip(indexes, decisions, strict=True))
+
+
+@dataclass(eq=False)
+class _WholeBatch:
+    """Requests a `WholeRequestRunner` answers together, each whole, in the batch's first advance."""
+
+    tokens: Callable[[Any], int]
+    items: dict[int, Any]
+
+    def remaining(self) -> dict[int, int]:
+        return {index: self.tokens(item) for index, item in self.items.items()}
 
     def drop(self, indexes: Iterable[int]) -> None:
         for index in indexes:
-            self._items.pop(index, None)
+            self.items.pop(index, None)

@@ -38,10 +38,24 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Admit", "Advance", "Running", "Step", "StepSettings", "Waiting", "compose_step"]
+__all__ = [
+    "DEFAULT_STEP_ROWS",
+    "Admit",
+    "Advance",
+    "Running",
+    "Step",
+    "StepSettings",
+    "Waiting",
+    "build_step_settings",
+    "compose_step",
+]
 
 DEFAULT_QUANTUM = 64
 """Chunk widths are multiples of the Gated DeltaNet chunk (64 tokens): other widths pad inside the kernel."""
+
+DEFAULT_STEP_ROWS = 32
+"""Most rows computed in one step when the caller does not say (the server's ``--max-batch-size``, the rows
+a warm-up prepares for)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ class StepSettings:
     """The policy's knobs (see the module docstring). Raises ValueError for a non-positive limit."""
 
     max_step_tokens: int
-    max_rows: int = 32
+    max_rows: int = DEFAULT_STEP_ROWS
     """Most rows computed in one step (all batches together)."""
     background_rows: int = 1
     """Most background requests admitted in one step."""
@@ -65,6 +79,24 @@ class StepSettings:
             raise ValueError("overtake_factor must be positive")
         if self.length_ratio < 1:
             raise ValueError("length_ratio must be >= 1")
+
+
+def build_step_settings(
+    step_tokens: int,
+    *,
+    max_rows: int = DEFAULT_STEP_ROWS,
+    background_rows: int = 1,
+    deterministic: bool = False,
+) -> StepSettings:
+    """The settings of an engine loop over an engine whose step budget is ``step_tokens``: every loop (the
+    server's, a scale-out replica's, `Clef.decide_encoded`'s own) is set up here, the rest left to the
+    policy's defaults."""
+    return StepSettings(
+        max_step_tokens=step_tokens,
+        max_rows=max_rows,
+        background_rows=background_rows,
+        deterministic=deterministic,
+    )
 
 
 @dataclass(frozen=True)

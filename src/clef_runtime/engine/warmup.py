@@ -12,6 +12,7 @@ small request covers), so the CPU warm-up stays that one request.
 
 from __future__ import annotations
 
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.model.backbone import ENDOFTEXT_ID, Backbone, BackboneState, Continuation
 
 __all__ = ["WARMUP_TOKENS", "run_backbone_warmup", "warmup_shapes"]
@@ -21,7 +22,7 @@ WARMUP_TOKENS = (64, 256, 1024, 4096)
 
 
 def warmup_shapes(
-    device_type: str, *, max_step_tokens: int = 16384, max_rows: int = 32
+    device_type: str, *, max_step_tokens: int = 16384, max_rows: int = DEFAULT_STEP_ROWS
 ) -> list[tuple[int, int]]:
     """(rows, tokens) pairs to run at startup on ``device_type``: none on CPU; on CUDA every power-of-two
     row count up to ``max_rows`` times every length of `WARMUP_TOKENS` whose product fits

@@ -30,11 +30,9 @@ from clef_runtime.options import (
     ENGINE_OPTIONS,
     MODEL_OPTION,
     EngineOptions,
-    OptionsError,
     parse_head_specs,
     read_option_values,
 )
-from clef_runtime.protocol.errors import ClefError
 
 __all__ = ["run_calibrate", "run_compare", "run_eval"]
 
@@ -81,14 +79,14 @@ def _cases(command: str, path: str) -> list[Case]:
 
 def _load_engine(command: str, model: str, options: EngineOptions) -> Any:
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
+    from clef_runtime.model.load_errors import LoadFailure, classify_load_error
 
     try:
         clef = Clef.load(model, options)
-    except OptionsError:
-        raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, FileNotFoundError) as exc:
+    except Exception as exc:
+        # A bad option goes on to the usage error; a bug keeps its traceback.
+        if classify_load_error(exc) is not LoadFailure.UNLOADABLE:
+            raise
         raise _fail(command, f"cannot load {model!r}: {exc}", EXIT_FAILURE) from None
     return clef  # Clef.load itself warns (once) when the model is untrained
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_runtime.model.load_errors import ModelLoadError
 from clef_runtime.release import (
     CONFIG_FILE,
     HEAD_CONFIG_FILE,
@@ -209,7 +210,7 @@ _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
 _HEAD_CONFIG_KEYS = ("hidden_size", "width", "routing_layers", "layers", "heads", "feedforward")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelLoadError, ValueError):
     """A checkpoint directory is missing a file or holds a file that is malformed.
 
     ``file`` is the offending path (or None when the problem is not tied to one file); the message names it.

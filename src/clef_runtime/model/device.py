@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from clef_runtime.model.load_errors import DeviceUnavailableError
+
 __all__ = ["resolve_device", "resolve_dtype"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """Map ``"auto"`` to cuda when available, else cpu; return other values as a torch.device.
 
-    Raises ValueError when cuda is asked for but not available.
+    Raises `DeviceUnavailableError` (a ValueError) when cuda is asked for but not available.
     """
     if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
+        raise DeviceUnavailableError("device 'cuda' was requested but torch sees no CUDA device")
     return resolved
 
 

@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from clef_runtime.encoding.encoder import QUESTION_TYPE_IDS
+from clef_runtime.model.load_errors import ModelLoadError
 from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 
 LAYER_NORM_EPS = 1e-5
@@ -47,7 +48,7 @@ _OPTIONAL_CONFIG_KEYS = ("dropout",)
 DEFAULT_MEMORY_CHUNK_ROWS = 2048
 
 
-class HeadLoadError(ValueError):
+class HeadLoadError(ModelLoadError, ValueError):
     """The head's config or weights file is missing, malformed, or does not match the module.
 
     `path` is the offending file; `tensor_names` lists the offending tensors (empty for config errors).

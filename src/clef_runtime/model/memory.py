@@ -35,6 +35,7 @@ import torch
 from clef_runtime.model.checkpoint import CheckpointInfo
 from clef_runtime.model.compute_dtype import dtype_name
 from clef_runtime.model.device import resolve_device
+from clef_runtime.model.load_errors import ModelLoadError
 from clef_runtime.release import LM_HEAD_TENSOR, TEXT_PREFIX, VISION_PREFIX
 
 __all__ = [
@@ -53,7 +54,7 @@ _OVERHEAD_FRACTION = 0.05
 _MEMINFO = Path("/proc/meminfo")
 
 
-class InsufficientMemoryError(MemoryError):
+class InsufficientMemoryError(ModelLoadError, MemoryError):
     """The model does not fit in the memory available on the chosen device (the message says what to do)."""
 
     def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:

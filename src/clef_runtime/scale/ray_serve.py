@@ -36,6 +36,7 @@ from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.head_records import HeadInfo, HeadRefusedError, check_pin
 from clef_runtime.engine.loop import QueueFullError, QueueTimeoutError, SchedulerClosedError
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.protocol.systemone import SystemOneRequest
@@ -191,7 +192,7 @@ class IngressEngine(CardedEngine):
         """Not used: requests go to the replicas through the dispatcher."""
         raise RuntimeError("the ingress has no model; requests are dispatched to replicas")
 
-    def warmup(self, *, max_rows: int = 32) -> None:
+    def warmup(self, *, max_rows: int = DEFAULT_STEP_ROWS) -> None:
         """The replicas warm up themselves before they are ready."""
 
     def prepare_compute_thread(self) -> None:
@@ -332,8 +333,8 @@ class ClefModel:
     def __init__(self, settings: ServerSettings, threads: int | None = None) -> None:
         from ray import serve
 
-        from clef_runtime.engine.heap_trim import HeapTrimmer
         from clef_runtime.engine.loop import EngineLoop
+        from clef_runtime.heap_trim import HeapTrimmer
         from clef_runtime.model.kernels import configure_cpu_threads
         from clef_runtime.server.runtime import step_settings
 

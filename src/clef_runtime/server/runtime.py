@@ -16,13 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from starlette.requests import Request
 
 from clef_runtime.engine.contract import DecisionEngine, IndependentRequest, PreparedItem, submit_parts
 from clef_runtime.engine.decision import Decision
-from clef_runtime.engine.heap_trim import HeapTrimmer
 from clef_runtime.engine.loop import (
     EngineLoop,
     QueueFullError,
@@ -30,7 +29,9 @@ from clef_runtime.engine.loop import (
     SchedulerClosedError,
     StepStats,
 )
-from clef_runtime.engine.policy import StepSettings
+from clef_runtime.engine.policy import StepSettings, build_step_settings
+from clef_runtime.heap_trim import HeapTrimmer
+from clef_runtime.model.load_errors import is_out_of_memory
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.context import context_of
@@ -39,6 +40,9 @@ from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.limits import RateLimiter
 from clef_runtime.server.metrics import CacheSeries, ServerMetrics
 from clef_runtime.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from clef_runtime.engine.preflight import EngineFiles
 
 __all__ = [
     "Engine",
@@ -86,30 +90,29 @@ class Dispatcher(Protocol):
 DispatcherFactory = Callable[[Engine, ServerSettings, "ServerRuntime"], Dispatcher]
 
 
-def load_clef(settings: ServerSettings) -> Engine:
-    """Load the model named by ``settings.model`` with the settings' engine options (the default factory).
+def load_clef(settings: ServerSettings, checked_files: EngineFiles | None = None) -> Engine:
+    """Load the model named by ``settings.model`` with the settings' engine options (the default factory);
+    ``checked_files``: their calibration and head files, already read (see `Clef.load`).
 
     Returns the loaded ``Clef``. Raises whatever ``Clef.load`` raises (missing files, bad revision, ...).
     """
     from clef_runtime.engine.clef import Clef
 
-    return Clef.load(settings.model, settings.engine_options())
+    return Clef.load(settings.model, settings.engine_options(), checked_files=checked_files)
 
 
 def _expected_load_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a failure ``Clef.load`` reports with a complete message (a missing or damaged
     checkpoint, a failed download, not enough memory, a bad option) rather than a bug."""
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
-    from clef_runtime.options import OptionsError
+    from clef_runtime.model.load_errors import classify_load_error
 
-    return isinstance(exc, CheckpointError | InsufficientMemoryError | OptionsError)
+    return classify_load_error(exc) is not None
 
 
 def step_settings(engine: Engine, settings: ServerSettings) -> StepSettings:
     """The engine loop's policy settings: the engine's step budget, the server's row and lane limits."""
-    return StepSettings(
-        max_step_tokens=engine.step_tokens,
+    return build_step_settings(
+        engine.step_tokens,
         max_rows=settings.max_batch_size,
         background_rows=settings.jobs_batch_size,
         deterministic=settings.deterministic,
@@ -455,7 +458,7 @@ class ServerRuntime:
             raise ApiError(400, exc.error_type, exc.message) from None
         except Exception as exc:
             # Out of memory is capacity, not a bad request: 503 so clients back off and retry.
-            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            if is_out_of_memory(exc):
                 self.metrics.rejected.labels("out_of_memory").inc()
                 raise ApiError(
                     503,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.options import (
     MODEL_OPTION,
     EngineOptions,
@@ -82,7 +83,7 @@ class ServerSettings:
     queue_timeout_ms: int | None = None
     """How long a request may wait for the engine without starting; then 503 with Retry-After (None: no
     bound). Batch-job lines are exempt: they wait in their own lane."""
-    max_batch_size: int = 32
+    max_batch_size: int = DEFAULT_STEP_ROWS
     """Requests computed together in one engine step."""
     max_input_tokens: int | None = None
     """Input-token limit per request; None means ``max_length``."""
@@ -331,7 +332,8 @@ OPTIONS: tuple[Option, ...] = (
         "--max-batch-size",
         "CLEF_MAX_BATCH_SIZE",
         parse_int,
-        "requests computed together in one engine step (default 32; the step's tokens are --max-step-tokens)",
+        f"requests computed together in one engine step (default {DEFAULT_STEP_ROWS}; the step's tokens are "
+        "--max-step-tokens)",
         "N",
     ),
     Option(

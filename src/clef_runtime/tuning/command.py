@@ -34,7 +34,7 @@ from clef_runtime.evaluation.calibrate import fit_calibration
 from clef_runtime.evaluation.cases import Case, CaseFileError, CaseFileUnusable, load_cases
 from clef_runtime.evaluation.metrics import Outcome
 from clef_runtime.evaluation.runner import progress_bar
-from clef_runtime.options import MODEL_OPTION, EngineOptions, OptionsError, read_option_values
+from clef_runtime.options import MODEL_OPTION, EngineOptions, read_option_values
 from clef_runtime.protocol.errors import ClefError
 from clef_runtime.release import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE
 from clef_runtime.tuning.arguments import TuneSettings, TuneSettingsError
@@ -389,15 +389,15 @@ def _load_cases(path: str) -> list[Case]:
 
 def _load_engine(args: argparse.Namespace, options: EngineOptions) -> Any:
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.checkpoint import CheckpointError
-    from clef_runtime.model.memory import InsufficientMemoryError
+    from clef_runtime.model.load_errors import LoadFailure, classify_load_error
 
     model = read_option_values(args, os.environ, [MODEL_OPTION]).get("model", "tiny")
     try:
         return Clef.load(model, options)
-    except OptionsError:
-        raise
-    except (CheckpointError, InsufficientMemoryError, ClefError, OSError, ValueError) as error:
+    except Exception as error:
+        # A bad option goes on to the usage error; a bug keeps its traceback.
+        if classify_load_error(error) is not LoadFailure.UNLOADABLE:
+            raise
         raise TuneError(f"cannot load {model!r}: {error}", EXIT_FAILURE) from None
 
 

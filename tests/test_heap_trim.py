@@ -7,7 +7,7 @@ import platform
 
 import pytest
 
-from clef_runtime.engine.heap_trim import HeapTrimmer, libc_malloc_trim
+from clef_runtime.heap_trim import HeapTrimmer, libc_malloc_trim
 from tests.helpers import ManualClock
 
 
