@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_cpu_threads(1)
     from clef_runtime.engine.clef import Clef
-    from clef_runtime.model.backbone import Continuation
+    from clef_runtime.model.state import Continuation
 
     clef = Clef.load(resolve_model(args.model), engine_options(cache_mb=0))
     results = start_report("bench_call_cap", __file__, argv, quick=args.quick)

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, UnsupportedCacheError
+from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.checkpoint import CheckpointError, verify_checkpoint
 from clef_runtime.model.memory import (
     InsufficientMemoryError,
@@ -29,6 +29,7 @@ from clef_runtime.model.memory import (
     check_fits,
     estimate_model_memory,
 )
+from clef_runtime.model.state import BackboneState, Continuation, UnsupportedCacheError
 
 ENDOFTEXT = 248_044
 

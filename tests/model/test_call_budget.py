@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_runtime.model.backbone import DEFAULT_MAX_CALL_TOKENS, Backbone, Continuation, call_width
+from clef_runtime.model.backbone import DEFAULT_MAX_CALL_TOKENS, Backbone, call_width
+from clef_runtime.model.state import Continuation
 
 
 def _ids(length: int, seed: int) -> list[int]:

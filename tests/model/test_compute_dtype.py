@@ -206,7 +206,7 @@ def test_cpu_kernels_in_bf16_match_transformers_in_bf16(tiny_dir: Path, tiny_bac
 
 
 def test_bf16_rows_stay_in_the_compute_dtype_until_the_api_boundary(bf16_clef: Clef) -> None:
-    from clef_runtime.model.backbone import Continuation
+    from clef_runtime.model.state import Continuation
 
     # extend's rows are what the model made (no host fp32 copy per step: on a GPU that is a round trip)...
     (result,) = bf16_clef.backbone.extend(None, [Continuation(list(range(200, 260)))])

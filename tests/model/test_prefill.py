@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_runtime.model.backbone import Backbone, Continuation
+from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.prefill import BatchPrefill
+from clef_runtime.model.state import Continuation
 from tests.model.test_backbone import _ids, _max_diff, _Reference, _state_tensors
 
 TOL = 1e-4

@@ -41,12 +41,13 @@ from clef_runtime.engine.policy import DEFAULT_STEP_ROWS, StepSettings, build_st
 from clef_runtime.engine.preflight import EngineFiles, check_engine_files
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
-from clef_runtime.model.backbone import Backbone, BackboneState
+from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.checkpoint import model_card, verify_checkpoint
 from clef_runtime.model.head import HeadLoadError, JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
+from clef_runtime.model.state import BackboneState
 from clef_runtime.options import HEAD_NAME, EngineOptions, parse_head_specs
 from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.protocol.systemone import SystemOneRequest
@@ -206,10 +207,7 @@ class Clef(CardedEngine):
             state_cache=self.state_cache,
             prefix_ids=self.encoder.prefix_ids,
             model_lock=self._model_lock,
-            prefill_chunk=options.prefill_chunk,
-            pad_last_chunk=options.pad_last_chunk,
-            snapshot_interval=options.snapshot_interval,
-            confidence=options.confidence,
+            options=options,
         )
 
     # ------------------------------------------------------------------------------------------ loading

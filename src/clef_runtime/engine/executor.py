@@ -40,11 +40,13 @@ from clef_runtime.engine.loop import Estimate
 from clef_runtime.engine.planning import MAX_SNAPSHOT_ROWS, PlanRow, RowPlan, plan_rows
 from clef_runtime.engine.preparer import PreparedRequest
 from clef_runtime.engine.state_cache import TEXT_ROOT, Match, StateCache
-from clef_runtime.model.backbone import Backbone, BackboneState, Continuation, StatePoint, StateSegment
+from clef_runtime.model.backbone import Backbone
 from clef_runtime.model.head import HeadLayout, probabilities
 from clef_runtime.model.kernels import flush_denormals
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.prefill import BatchPrefill
+from clef_runtime.model.state import BackboneState, Continuation, StatePoint, StateSegment
+from clef_runtime.options import EngineOptions
 
 __all__ = ["ExecutorWork", "StepExecutor", "head_inputs"]
 
@@ -133,10 +135,7 @@ class StepExecutor:
         state_cache: StateCache,
         prefix_ids: Sequence[int],
         model_lock: threading.Lock,
-        prefill_chunk: int | None = None,
-        pad_last_chunk: bool = False,
-        snapshot_interval: int = 512,
-        confidence: str = "seed",
+        options: EngineOptions,
         max_snapshot_rows: int = MAX_SNAPSHOT_ROWS,
     ) -> None:
         self.name = name
@@ -147,10 +146,8 @@ class StepExecutor:
         self.state_cache = state_cache
         self.prefix_ids = list(prefix_ids)
         self.model_lock = model_lock
-        self.prefill_chunk = prefill_chunk
-        self.pad_last_chunk = pad_last_chunk
-        self.snapshot_interval = snapshot_interval
-        self.confidence = confidence
+        self.options = options
+        """Read for ``prefill_chunk``, ``pad_last_chunk``, ``snapshot_interval`` and ``confidence``."""
         self.max_snapshot_rows = max_snapshot_rows
         self.work = ExecutorWork()
         self._work_lock = threading.Lock()
@@ -180,7 +177,7 @@ class StepExecutor:
         """Where ``item`` would resume now (see `Estimate`). Raises ValueError for a record that does not
         start with the prompt prefix."""
         self._check_prefix(item.record)
-        if self.pad_last_chunk:
+        if self.options.pad_last_chunk:
             return Estimate(item.record.input_tokens, None, None)
         record = item.record
         if item.state_key in self._handoff:
@@ -209,7 +206,7 @@ class StepExecutor:
         wanted = {*share, *(w.state_key for w in items)}
         for key in [key for key in self._handoff if key not in wanted]:
             del self._handoff[key]
-        if self.pad_last_chunk:
+        if self.options.pad_last_chunk:
             return [
                 _AdmittedBatch(self.prefix_state, {i: _Row(i, w, 0, RowPlan((), False, MISS), False)})
                 for i, w in enumerate(items)
@@ -252,7 +249,7 @@ class StepExecutor:
                 ],
                 prefix_length=prefix.length,
                 store=cache.enabled,
-                snapshot_interval=self.snapshot_interval,
+                snapshot_interval=self.options.snapshot_interval,
                 max_snapshot_rows=self.max_snapshot_rows,
             )
             rows = {
@@ -288,7 +285,7 @@ class StepExecutor:
                 self.backbone,
                 start,
                 continuations,
-                prefill_chunk=self.prefill_chunk,
+                prefill_chunk=self.options.prefill_chunk,
                 max_call_tokens=self.backbone.max_call_tokens,
             )
         self._add_work(backbone_s=time.perf_counter() - started)
@@ -390,7 +387,7 @@ class StepExecutor:
             )
             hiddens[row.index] = self.backbone.hidden_states(
                 record.input_ids,
-                prefill_chunk=self.prefill_chunk,
+                prefill_chunk=self.options.prefill_chunk,
                 pad_last_chunk=True,
                 position_ids=row_positions(record, row.work.images),
                 inputs_embeds=embeds,
@@ -460,7 +457,7 @@ class StepExecutor:
         request = w.request
         answers = {
             enc.question_id: build_answer(
-                request.questions[enc.question_id], enc.option_ids, p, self.confidence
+                request.questions[enc.question_id], enc.option_ids, p, self.options.confidence
             )
             for enc, p in zip(w.record.questions, probs, strict=True)
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,15 +100,9 @@ class HeadInfo:
 
     def as_api(self) -> dict[str, Any]:
         """Its JSON card (``GET /v1/heads``, ``x_head`` of ``/v1/models``)."""
-        return {
-            "name": self.name,
-            "digest": self.digest,
-            "default": self.default,
-            "source": self.source,
-            "path": self.path,
-            "calibration": dict(self.calibration) if self.calibration is not None else None,
-            "loaded_at": self.loaded_at,
-        }
+        card = {field.name: getattr(self, field.name) for field in fields(self)}  # in field order
+        card["calibration"] = dict(self.calibration) if self.calibration is not None else None
+        return card
 
 
 class HeadError(ClefError):

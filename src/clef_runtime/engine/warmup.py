@@ -13,7 +13,8 @@ small request covers), so the CPU warm-up stays that one request.
 from __future__ import annotations
 
 from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
-from clef_runtime.model.backbone import ENDOFTEXT_ID, Backbone, BackboneState, Continuation
+from clef_runtime.model.backbone import ENDOFTEXT_ID, Backbone
+from clef_runtime.model.state import BackboneState, Continuation
 
 __all__ = ["WARMUP_TOKENS", "run_backbone_warmup", "warmup_shapes"]
 

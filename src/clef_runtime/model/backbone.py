@@ -47,9 +47,6 @@ from clef_runtime.model.state import (
     BackboneState,
     Continuation,
     ContinuationResult,
-    StatePoint,
-    StateSegment,
-    UnsupportedCacheError,
     _as_id_tensor,
 )
 from clef_runtime.model.weights import WeightPlan, apply_bf16_storage, plan_weights
@@ -61,12 +58,6 @@ __all__ = [
     "ENDOFTEXT_ID",
     "TRANSFORMERS_CONSTRUCTION_LOCK",
     "Backbone",
-    "BackboneState",
-    "Continuation",
-    "ContinuationResult",
-    "StatePoint",
-    "StateSegment",
-    "UnsupportedCacheError",
     "call_width",
     "resolve_device",
     "resolve_dtype",

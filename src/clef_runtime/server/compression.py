@@ -14,6 +14,8 @@ import zstandard
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from clef_runtime.server.asgi import HttpMiddleware
+
 __all__ = ["MIN_COMPRESS_BYTES", "CompressionMiddleware", "choose_encoding"]
 
 MIN_COMPRESS_BYTES: Final = 1024
@@ -61,18 +63,15 @@ def _compress(body: bytes, coding: str) -> bytes:
     return gzip.compress(body, compresslevel=_GZIP_LEVEL, mtime=0)
 
 
-class CompressionMiddleware:
+class CompressionMiddleware(HttpMiddleware):
     """Compress complete response bodies of at least ``minimum_size`` bytes by the request's
     ``Accept-Encoding`` (zstd or gzip)."""
 
     def __init__(self, app: ASGIApp, minimum_size: int = MIN_COMPRESS_BYTES) -> None:
-        self.app = app
+        super().__init__(app)
         self.minimum_size = minimum_size
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         coding = choose_encoding(Headers(scope=scope).get("accept-encoding"))
         if coding is None:
             await self.app(scope, receive, send)

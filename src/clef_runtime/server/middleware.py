@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from clef_runtime.server.asgi import HttpMiddleware
 from clef_runtime.server.context import RequestContext, start_context
 from clef_runtime.server.errors import error_body
 from clef_runtime.server.metrics import ServerMetrics
@@ -25,30 +26,24 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/status.json"})
 
 
-class RequestContextMiddleware:
+class RequestContextMiddleware(HttpMiddleware):
     """Pure ASGI middleware: a request id on every response, metrics, one log line per request, and a
-    500 body naming the request id for any unhandled exception."""
+    500 body naming the request id for any unhandled exception.
+
+    ``send_request_id=False`` behind a proxy that puts the request's id on the response itself (Ray Serve's
+    proxy, which also hands the id to this app in the request's x-request-id): a second header would repeat
+    it. Metrics are labelled by route template: a known path (``route_paths``), or the template of the
+    matched route (the Workers AI route has path parameters), never the raw path of an unknown URL."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        metrics: ServerMetrics,
-        route_paths: frozenset[str] = frozenset(),
-        send_request_id: bool = True,
+        self, app: ASGIApp, metrics: ServerMetrics, route_paths: frozenset[str], send_request_id: bool
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
-        # False behind a proxy that puts the request's id on the response itself (Ray Serve's proxy, which
-        # also hands the id to this app in the request's x-request-id): a second header would repeat it.
-        self.send_request_id = send_request_id
-        # Metrics are labelled by route template: a known path, or the template of the matched route (the
-        # Workers AI route has path parameters), never the raw path of an unknown URL.
         self.route_paths = route_paths
+        self.send_request_id = send_request_id
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         incoming = _header(scope, b"x-request-id")
         request_id = incoming if incoming and _REQUEST_ID.match(incoming) else uuid.uuid4().hex

@@ -6,8 +6,7 @@
 "use strict";
 
 (function () {
-  const { h, bar, formatMs, fetchStatus, showBanner, showUsage } = window.Clef;
-  const KEY_STORAGE = "clef-playground-api-key";
+  const { h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey } = window.Clef;
   const $ = (id) => document.getElementById(id);
   let classifiers = [];
 
@@ -268,13 +267,7 @@
   // -------------------------------------------------------------------------------------------- wiring
 
   function wire() {
-    const key = $("api-key");
-    key.value = sessionStorage.getItem(KEY_STORAGE) || "";
-    key.addEventListener("change", () => {
-      if (key.value) sessionStorage.setItem(KEY_STORAGE, key.value);
-      else sessionStorage.removeItem(KEY_STORAGE);
-      loadList();
-    });
+    bindApiKey($("api-key"), "change", loadList);
     $("reload").addEventListener("click", loadList);
     $("classifier").addEventListener("change", showDetails);
     $("run").addEventListener("click", run);

@@ -81,5 +81,17 @@ window.Clef = (function () {
     dl.hidden = false;
   }
 
-  return { h, bar, formatBytes, formatMs, percent, fetchStatus, showBanner, showUsage };
+  // The API key field of the playground and the classifiers page: one sessionStorage entry, so a key typed
+  // on either page serves both, and it never outlives the browser tab. ``onChange`` runs on ``eventName``.
+  const KEY_STORAGE = "clef-playground-api-key";
+  function bindApiKey(input, eventName, onChange) {
+    input.value = sessionStorage.getItem(KEY_STORAGE) || "";
+    input.addEventListener(eventName, () => {
+      if (input.value) sessionStorage.setItem(KEY_STORAGE, input.value);
+      else sessionStorage.removeItem(KEY_STORAGE);
+      onChange();
+    });
+  }
+
+  return { h, bar, formatBytes, formatMs, percent, fetchStatus, showBanner, showUsage, bindApiKey };
 })();

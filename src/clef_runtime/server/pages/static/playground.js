@@ -3,8 +3,7 @@
 "use strict";
 
 (function () {
-  const { h, bar, formatMs, fetchStatus, showBanner, showUsage } = window.Clef;
-  const KEY_STORAGE = "clef-playground-api-key";
+  const { h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey } = window.Clef;
   const MAX_IMAGES = 4;
 
   // ------------------------------------------------------------------------------------------ examples
@@ -837,13 +836,7 @@
       addFiles(event.dataTransfer.files);
     });
 
-    const key = $("api-key");
-    key.value = sessionStorage.getItem(KEY_STORAGE) || "";
-    key.addEventListener("input", () => {
-      if (key.value) sessionStorage.setItem(KEY_STORAGE, key.value);
-      else sessionStorage.removeItem(KEY_STORAGE);
-      renderSnippet();
-    });
+    bindApiKey($("api-key"), "input", renderSnippet);
     for (const button of document.querySelectorAll("[data-snippet]")) {
       button.addEventListener("click", () => {
         snippetKind = button.dataset.snippet;
