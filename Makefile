@@ -43,8 +43,10 @@ run: $(STAMP)
 	@echo "==> serving the untrained tiny model on http://$(HOST):$(PORT) (Ctrl+C to stop)"
 	$(BIN)/clef serve --model tiny --host $(HOST) --port $(PORT)
 
+# One worker per core (pytest-xdist); --dist loadfile keeps each test file on one worker, so a module's
+# shared fixtures (a live server, the Ray cluster) start once. The fast part alone: pytest -m "not slow".
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # mypy checks what pyproject.toml's [tool.mypy] names (src/clef_runtime), with its settings.
 lint: $(DEV_STAMP)

@@ -19,6 +19,11 @@ os.environ.setdefault(
     "CLEF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "clef-cache")
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Idle OpenMP workers sleep instead of spinning (kernels.RECOMMENDED_CPU_ENVIRONMENT): the suite runs a
+# worker per core (make test: pytest -n auto) beside the servers it starts, and a spinning team then waits at
+# every barrier for a descheduled peer (a prefill measured 3-9x slower at load average ~6). libgomp reads it
+# when torch loads, so it is set before the first clef_runtime import below; server processes inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Exactness tests compare with reference numbers computed in fp32, so every model a test starts through the
 # CLI or a server process computes in fp32 unless the test asks otherwise (`Clef.load` calls pass dtype="fp32"
 # themselves); the bf16 path and `--dtype auto` have tests of their own (tests/model/test_compute_dtype.py).

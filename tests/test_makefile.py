@@ -114,3 +114,10 @@ def test_make_lint_runs_ruff_and_the_type_checker(tmp_path: Path) -> None:
         f"{venv}/bin/ruff format --check .",
         f"{venv}/bin/python -m mypy",
     ], command
+
+
+def test_make_test_runs_the_suite_on_every_core_a_file_per_worker(tmp_path: Path) -> None:
+    # pytest-xdist: a worker per core; a test file stays on one worker, so its module fixtures start once.
+    venv = _stamped_venv(tmp_path, ".installed", ".installed-dev")
+    (command,) = _make_n(f"VENV={venv}", "test")
+    assert command == f"{venv}/bin/python -m pytest -q -n auto --dist loadfile", command

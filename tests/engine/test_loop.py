@@ -368,16 +368,29 @@ def test_a_request_that_waits_past_the_queue_timeout_fails_while_a_step_runs_and
     loop.close()
 
 
+def next_advance(runner: FakeRunner, futures: Sequence[Future[Decision]]) -> bool:
+    """Wait until the worker enters its next (held) advance: True, or False once every future is done."""
+    deadline = time.monotonic() + 10
+    while not runner.entered.acquire(timeout=0.01):
+        if all(f.done() for f in futures):
+            return False
+        assert time.monotonic() < deadline
+    return True
+
+
 def test_every_admitted_request_waited_less_than_the_queue_timeout() -> None:
+    # Each step takes 0.15 s on the loop's clock, moved by the test while the worker is held inside the
+    # step: the queue times do not depend on how fast a loaded machine schedules the threads.
+    clock = ManualClock()
     runner = FakeRunner(held=True)
-    loop = start(runner, budget=64, queue_timeout_s=0.2)
+    loop = start(runner, budget=64, queue_timeout_s=0.2, clock=clock)
     blocker = occupy(loop, runner)
     queued = [loop.submit(Item(f"q{i}", 64)) for i in range(6)]
-    deadline = time.monotonic() + 10
-    while not all(f.done() for f in [blocker, *queued]):  # one 64-token request per step, each step slow
-        assert time.monotonic() < deadline
+    running = True
+    while running:  # one 64-token request per step, each step slow
+        clock.now += 0.15
         runner.step()
-        time.sleep(0.3)
+        running = next_advance(runner, [blocker, *queued])
     answered = [f for f in queued if f.exception() is None]
     expired = [f for f in queued if isinstance(f.exception(), QueueTimeoutError)]
     assert len(answered) + len(expired) == len(queued)

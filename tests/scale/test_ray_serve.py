@@ -5,15 +5,18 @@ replacement then serves and builds its own state cache), a clean stop."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +87,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextmanager
+def one_ray_cluster_at_a_time() -> Iterator[None]:
+    """Hold a machine-wide file lock: a Ray head is one per machine (its ports, its /tmp/ray session), and
+    parallel test workers (pytest -n) or two test runs at once would otherwise start two."""
+    with open(Path(tempfile.gettempdir()) / "clef-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="module")
 def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
+    with one_ray_cluster_at_a_time():
+        yield from _started_ray_server(tmp_path_factory)
+
+
+def _started_ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
     assert not ray_processes(), "Ray is already running on this machine"
     port = free_port()
     directory = tmp_path_factory.mktemp("ray")

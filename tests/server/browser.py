@@ -6,9 +6,11 @@ Used by tests/server/pages/test_pages_browser.py and scripts/screenshots.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -55,6 +57,17 @@ def ensure_chromium() -> Path:
             f"{CHROMIUM} is missing: install Debian's chromium (sudo apt-get install -y chromium); the "
             "browser tests never download a browser"
         )
+    # Parallel test workers (pytest -n) would run apt-get at once, and all but one would fail on dpkg's lock.
+    with open(Path(tempfile.gettempdir()) / "clef-tests-chromium.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not CHROMIUM.exists():  # installed by another worker while this one waited
+            _apt_install_chromium()
+    if not CHROMIUM.exists():
+        raise ChromiumMissing(f"apt-get installed chromium but {CHROMIUM} is still missing")
+    return CHROMIUM
+
+
+def _apt_install_chromium() -> None:
     install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
@@ -62,9 +75,6 @@ def ensure_chromium() -> Path:
         done = subprocess.run(install, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise ChromiumMissing(f"apt-get install chromium failed:\n{done.stderr[-2000:]}")
-    if not CHROMIUM.exists():
-        raise ChromiumMissing(f"apt-get installed chromium but {CHROMIUM} is still missing")
-    return CHROMIUM
 
 
 @contextmanager

@@ -155,7 +155,7 @@ class _Entry:
     submitted: float
     work_at_arrival: int
     deadline: float | None = None
-    """When it times out if it has not started (monotonic seconds; None: never)."""
+    """When it times out if it has not started (seconds on the loop's clock; None: never)."""
     future: Future[Decision] = field(default_factory=Future)
     estimate: Estimate | None = None
     alone: bool = False
@@ -184,8 +184,9 @@ class EngineLoop:
     ``on_step(stats)`` observes every step; ``on_thread_start()`` runs first on the worker thread (e.g. the
     engine's ``prepare_compute_thread``; an exception there is logged and the worker goes on).
     ``queue_timeout_s`` bounds how long an interactive request may wait without starting (None: no bound);
-    ``on_timeout(error)`` observes every request it fails. ``clock`` times the steps for the drain
-    estimate (tests pass a clock of their own).
+    ``on_timeout(error)`` observes every request it fails. ``clock`` is the loop's time: queue deadlines,
+    queue and compute times, the steps for the drain estimate (tests pass a clock of their own, so that no
+    test depends on how fast a loaded machine schedules the threads).
     """
 
     def __init__(
@@ -263,7 +264,7 @@ class EngineLoop:
             bound = self.max_background if background else self.max_queue
             if waiting >= bound:
                 raise QueueFullError(waiting, self._estimate_wait_locked())
-            now = time.monotonic()
+            now = self._clock()
             timeout = None if background else self.queue_timeout_s
             deadline = None if timeout is None else now + timeout - max(0.0, waited_s)
             entry = _Entry(item, next(self._seq), background, now, self._work_done, deadline)
@@ -395,7 +396,7 @@ class EngineLoop:
             with self._cond:
                 if self._closing and not self._has_work_locked():
                     return
-                now = time.monotonic()
+                now = self._clock()
                 errors = self._expire_locked(now)
                 deadlines = [
                     e.deadline
@@ -499,8 +500,7 @@ class EngineLoop:
             # The admission time is taken before the deadlines are checked, and the admitted requests leave
             # the waiting list in the same locked section: every request admitted by this step has waited
             # less than the queue timeout (its queue time says so) and the timer cannot fail it any more.
-            now = time.monotonic()
-            started = self._clock()
+            now = self._clock()
             timeouts = self._expire_locked(now)
             self._sweep_waiting()
             step = Step()
@@ -524,7 +524,7 @@ class EngineLoop:
         if not step:
             return idle  # idle: nothing left (new arrivals are taken by the next step)
         completed, failed = self._run(step, by_seq, wanted, now)
-        seconds = self._clock() - started
+        seconds = self._clock() - now
         with self._cond:
             self._work_done += step.tokens
             if step.tokens:
@@ -611,7 +611,7 @@ class EngineLoop:
                 self._batches.pop(batch.key, None)
             self._isolate(list(batch.entries.values()), exc)
             return 0, False
-        now = time.monotonic()
+        now = self._clock()
         for index, decision in decisions.items():
             entry = batch.entries.pop(index)
             started = entry.started or now
