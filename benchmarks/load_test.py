@@ -21,7 +21,7 @@ Usage::
     python -m benchmarks.load_test --engine tiny --requests 200 --concurrency 16 --warmup 20 --no-overflow
     python -m benchmarks.load_test --quick                      # smoke run (fake engine, seconds)
 
-The fake engine is the tests' (``tests/server/fake_engine.py``): its answers are a pure function of the
+The fake engine is the tests' (``devtools/fake_engine.py``): its answers are a pure function of the
 request, which is how a misrouted answer is caught.
 
 Prints a JSON report (and writes it with ``--out``); exits 1 when a requirement fails (a status other than
@@ -57,7 +57,7 @@ def soak_engine(delay_s: float = 0.0, hold_path: str = "") -> Any:
     """The fake engine for the soak (the factory `devtools.engine_server` calls in the server
     process): every call waits while ``hold_path`` exists (a gate the client controls), and the fake's
     record of every call's states (kept for the API tests) is cleared, so a soak does not measure it."""
-    from tests.server.fake_engine import FakeClef
+    from devtools.fake_engine import FakeClef
 
     class SoakClef(FakeClef):
         def decide_encoded(self, items: Any) -> list[Any]:
@@ -136,7 +136,7 @@ def expected_fake_answers(job: Job) -> dict[str, Any] | None:
     """The fake engine's answers for a System One job (None for other routes)."""
     if job.route != "/v1/systemone":
         return None
-    from tests.server.fake_engine import FakeClef
+    from devtools.fake_engine import FakeClef
 
     return FakeClef().decide(job.systemone)["answers"]
 

@@ -8,7 +8,9 @@ package), one module per job:
 - `flags`: ``clef`` flags and `EngineOptions` generated from the options tables;
 - `harness`: starting and stopping ``clef serve`` (or a server around an in-process engine) and a client;
 - `results`: the report's header (command line, machine record) and writing it;
-- `requests`: generated request bodies and the drift between two sets of answers.
+- `requests`: generated request bodies and the drift between two sets of answers;
+- `fake_engine`: an instant engine behind the real server (answers a pure function of the request);
+- `browser`: Debian's chromium driven by Playwright, and a tiny-model server for it to visit.
 
 Everything runs from the repository root (``python -m benchmarks.<script>``, ``python -m scripts.<script>``,
 pytest), which puts the root on the path, and imports ``devtools.<module>``. The dependencies go one way:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from devtools.browser import chromium_browser, tiny_server
 from PIL import Image
-from tests.server.browser import chromium_browser, tiny_server
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools.fake_engine import FakeClef
 
 from clef_runtime import cli
 from clef_runtime.options import (
@@ -36,7 +37,6 @@ from clef_runtime.serve_command import (
 )
 from clef_runtime.server import app as app_module
 from clef_runtime.server.settings import ServerSettings, settings_from_namespace
-from tests.server.fake_engine import FakeClef
 
 # A valid non-default value per option: (flag arguments, environment value, expected field value).
 SAMPLES: dict[str, tuple[list[str], str, Any]] = {

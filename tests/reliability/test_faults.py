@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from devtools.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 
 from clef_runtime.model.resolve import resolve_model, tiny_cache_path
 from tests.server.conftest import LiveServer, Served, free_port, send_behind_a_held_call
-from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
 REPO = Path(__file__).resolve().parents[2]

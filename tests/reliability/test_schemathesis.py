@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import schemathesis
+from devtools.fake_engine import FakeClef
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 from tests.server.routes.test_conformance import ServerProcess, start_server, stop_server
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import uvicorn
+from devtools.fake_engine import FakeClef, GatedEngine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
-from tests.server.fake_engine import FakeClef, GatedEngine
 from tests.serving import free_port
 
 

@@ -8,6 +8,7 @@ from contextlib import AbstractAsyncContextManager, ExitStack, asynccontextmanag
 from pathlib import Path
 
 import pytest
+from devtools.fake_engine import FakeClef
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 from starlette.requests import Request
@@ -16,7 +17,6 @@ from clef_runtime.server.app import FEATURES, create_app
 from clef_runtime.server.context import RequestContext, context_of
 from clef_runtime.server.feature import Feature
 from clef_runtime.server.settings import ServerSettings
-from tests.server.fake_engine import FakeClef
 
 
 def _settings(tmp_path: Path) -> ServerSettings:

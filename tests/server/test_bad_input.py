@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import zstandard
+from devtools.fake_engine import FakeClef, schema_tokens
 from fastapi.testclient import TestClient
 
 from clef_runtime.protocol.systemone import parse_request
 from tests.server.conftest import Served
-from tests.server.fake_engine import FakeClef, schema_tokens
 from tests.server.helpers import (
     CHOICE,
     MALFORMED,

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from devtools.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 
 from clef_runtime.engine.decision import CacheReport, Decision
 from clef_runtime.protocol.systemone import SystemOneRequest
 from tests.server.conftest import Served, send_behind_a_held_call
-from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 from tests.server.helpers import (
     REQUEST,
     assert_error_shape,

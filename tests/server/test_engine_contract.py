@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools.fake_engine import FakeClef
 
 import clef_runtime.server as server_package
 from clef_runtime.engine.card import CardedEngine
 from clef_runtime.engine.clef import Clef
 from clef_runtime.engine.contract import DecisionEngine
 from clef_runtime.scale.ray_serve import IngressEngine
-from tests.server.fake_engine import FakeClef
 
 METHODS = [
     "prepare",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from devtools.fake_engine import FakeClef
+
 from tests.server.conftest import Served
-from tests.server.fake_engine import FakeClef
 from tests.server.helpers import REQUEST, post
 
 

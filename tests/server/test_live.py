@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
+from devtools.fake_engine import FakeClef
 
 from tests.server.conftest import LiveServer, free_port
-from tests.server.fake_engine import FakeClef
 from tests.server.helpers import wait_for
 from tests.serving import start_server_process
 
@@ -104,7 +104,7 @@ SERVE_FAKE = textwrap.dedent(
     import sys
     from clef_runtime.serve_command import configure_logging, serve
     from clef_runtime.server.settings import ServerSettings
-    from tests.server.fake_engine import FakeClef
+    from devtools.fake_engine import FakeClef
     configure_logging("info")
     settings = ServerSettings(model="fake", port=int(sys.argv[1]), max_batch_size=2)
     engine = FakeClef(delay_s=float(sys.argv[2]), warmup_s=float(sys.argv[3]))

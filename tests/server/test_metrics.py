@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from devtools.fake_engine import FAIL_MARKER
+
 from clef_runtime.server.metrics import RecentRequests
 from tests.server.conftest import Served
-from tests.server.fake_engine import FAIL_MARKER
 from tests.server.helpers import REQUEST, post
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from devtools.fake_engine import FakeClef
+
 from tests.readme_snippets import python_snippets, run_snippet
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 
 
 def test_the_official_client_snippets_run_as_written(live_fake: Callable[..., LiveServer]) -> None:

@@ -12,11 +12,11 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from devtools.fake_engine import FakeClef
 
 from clef_runtime.engine.contract import ReplicaReport, ReplicaStatus
 from clef_runtime.server.engine_queries import QUERY_THREADS
 from tests.server.conftest import Served
-from tests.server.fake_engine import FakeClef
 
 
 def _refuse_a_running_loop() -> None:

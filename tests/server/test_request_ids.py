@@ -6,9 +6,9 @@ import logging
 from typing import Any
 
 import pytest
+from devtools.fake_engine import FAIL_MARKER
 from fastapi.testclient import TestClient
 
-from tests.server.fake_engine import FAIL_MARKER
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
 

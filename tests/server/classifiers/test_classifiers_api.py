@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools.fake_engine import FakeClef
 from fastapi.testclient import TestClient
 
 from clef_runtime.jobs.classifier_store import ClassifierStore, ClassifierStoreError
@@ -23,7 +24,6 @@ from clef_runtime.server.classifiers.routes import CLASSIFIER_EXAMPLES, DECIDE_E
 from clef_runtime.server.classifiers.service import open_store
 from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, build_app
-from tests.server.fake_engine import FakeClef
 
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Is a refund requested?"},

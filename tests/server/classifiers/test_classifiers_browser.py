@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from devtools.browser import chromium_browser, expected_meters
+from devtools.fake_engine import FakeClef
 
-from tests.server.browser import chromium_browser, expected_meters
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 
 pytestmark = pytest.mark.slow
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+from devtools.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 from fastapi.testclient import TestClient
 
 from clef_runtime.jobs.store import JobLine, JobStore
 from clef_runtime.server.jobs.service import job_model
 from tests.jobs.read_only import open_read_only
 from tests.server.conftest import Served
-from tests.server.fake_engine import FAIL_MARKER, FakeClef, GatedEngine
 
 NOUL = {"type": "noul"}
 CHOICE = {"type": "choice", "criteria": {"a": "first", "b": None}}

@@ -27,7 +27,7 @@ SERVE_LOGGING_FAKE = textwrap.dedent(
     import sys
     from clef_runtime.serve_command import configure_logging, serve
     from clef_runtime.server.settings import ServerSettings
-    from tests.server.fake_engine import FakeClef
+    from devtools.fake_engine import FakeClef
 
     class LoggingFake(FakeClef):
         def decide_encoded(self, items):

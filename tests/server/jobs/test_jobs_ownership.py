@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from devtools.fake_engine import FakeClef
 from fastapi.testclient import TestClient
 
 from clef_runtime.jobs.store import JobLine, JobStore, JobStoreLocked
@@ -23,7 +24,6 @@ from clef_runtime.model.resolve import tiny_cache_path
 from clef_runtime.server.jobs.service import JobsService, job_model
 from clef_runtime.server.settings import ServerSettings
 from tests.server.conftest import Served, build_app
-from tests.server.fake_engine import FakeClef
 from tests.server.jobs.test_jobs_api import jsonl, results, wait_done
 from tests.serving import REPO, ServerProcess, clef_serve_argv, free_port, start_server_process
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import mcp_types
 import pytest
+from devtools.fake_engine import FakeClef
 from mcp.shared.exceptions import MCPError
 
 from clef_runtime.jobs.classifier_store import Classifier
@@ -21,7 +22,6 @@ from clef_runtime.server.classifiers.service import NAME_MAX_CHARS
 from clef_runtime.server.mcp.classifiers import TOOL_PREFIX, classifier_tool
 from clef_runtime.server.mcp.tool import DECIDE_TOOL
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 from tests.server.mcp.test_mcp import ERAS, INITIALIZE, JSON_ACCEPT, connected, without_latency
 
 QUESTIONS: dict[str, Any] = {

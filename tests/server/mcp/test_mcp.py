@@ -16,13 +16,13 @@ import httpx
 import httpx2
 import mcp_types
 import pytest
+from devtools.fake_engine import FAIL_MARKER, FakeClef
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from clef_runtime.server.mcp.tool import DECIDE_TOOL
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FAIL_MARKER, FakeClef
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from devtools.fake_engine import FakeClef
 from fastapi.testclient import TestClient
 
 from clef_runtime.engine.clef import Clef
@@ -25,7 +26,6 @@ from tests.live_server import Live, first_max, systemone
 from tests.protocol.test_openai_responses import CALL_EVENTS, MESSAGE_EVENTS
 from tests.readme_snippets import python_snippets, run_snippet
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 from tests.server.openai.test_openai_client import EQUIVALENT, SCHEMA, SYSTEM, USER, Mood, Ticket
 
 TEXT_FORMAT = {"format": {"type": "json_schema", "name": "ticket", "schema": SCHEMA, "strict": True}}

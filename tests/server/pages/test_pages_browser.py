@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from devtools.browser import TinyServer, chromium_browser, expected_meters, tiny_server
+from devtools.fake_engine import FakeClef
 
-from tests.server.browser import TinyServer, chromium_browser, expected_meters, tiny_server
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef
 
 pytestmark = pytest.mark.slow
 

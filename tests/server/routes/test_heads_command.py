@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from devtools.fake_engine import FakeClef, fake_head
 
 from tests.helpers import CliRun, run_cli
 from tests.server.conftest import LiveServer
-from tests.server.fake_engine import FakeClef, fake_head
 from tests.serving import free_port
 
 ADMIN_KEY = "admin-secret"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 
+from devtools.fake_engine import FakeClef
 from fastapi.testclient import TestClient
 
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
-from tests.server.fake_engine import FakeClef
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from devtools.fake_engine import FakeClef
 from fastapi.testclient import TestClient
 
 from tests.server.conftest import Served
-from tests.server.fake_engine import FakeClef
 from tests.server.helpers import REQUEST, assert_error_shape, assert_validation_shape, post
 
 # The body of an answer on both decision routes: the API's fields and the server's x_ extensions.

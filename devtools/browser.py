@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
-from tests.server.conftest import free_port
+from devtools.harness import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
