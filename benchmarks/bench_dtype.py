@@ -303,8 +303,8 @@ def run_realwidth_phase(args: argparse.Namespace) -> dict[str, Any]:
             tokens_run.append(item.record.input_tokens)
         row: dict[str, Any] = {
             "options": REALWIDTH_MODES[mode],
-            "compute_dtype": clef.compute_dtype,
-            "weights": clef.weight_mode,
+            "compute_dtype": clef.card.compute_dtype,
+            "weights": clef.card.weight_mode,
             "tokens": statistics.median(tokens_run),
             "request_s": spread(total_s),
             "backbone_s": spread(backbone_s),

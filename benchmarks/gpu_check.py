@@ -123,9 +123,9 @@ def run_device(
     sync(args.device)
     first_s = time.perf_counter() - started
     run: dict[str, Any] = {
-        "compute_dtype": clef.compute_dtype,
+        "compute_dtype": clef.card.compute_dtype,
         "dtype_reason": clef.backbone.dtype_reason,
-        "weights": clef.weight_mode,
+        "weights": clef.card.weight_mode,
         "step_tokens": clef.step_tokens,
         "warmup_s": round(warmup_s, 2),
         "first_request_after_warmup_s": round(first_s, 3),

@@ -154,7 +154,10 @@ def test_a_line_that_is_not_a_json_rpc_message_gets_an_error_and_the_next_line_i
             replies.append(json.loads(line))
         process.stdin.close()
         assert process.wait(timeout=60) == 0
-    initialized, not_json, *errors, listed = replies
+    # initialize's reply comes from the server's task and the malformed lines' from the reader's: it may
+    # come after some of them. The malformed lines are answered in their order, all before tools/list.
+    (initialized,) = [reply for reply in replies if reply.get("id") == 1]
+    not_json, *errors, listed = [reply for reply in replies if reply is not initialized]
     assert initialized["id"] == 1 and "result" in initialized
     assert not_json["id"] is None and not_json["error"]["code"] == -32700
     assert not_json["error"]["message"].startswith("parse error: ")  # then the JSON parser's reason

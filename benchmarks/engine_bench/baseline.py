@@ -54,7 +54,7 @@ class ReferenceBaseline:
         self.device = clef.backbone.device
         self.head = clef.head
         self.lexical_weight: Tensor = clef.lexical.weight
-        self.encoder = Encoder(clef.tokenizer, max_length=clef.max_length, cache_chars=0)
+        self.encoder = Encoder(clef.tokenizer, max_length=clef.card.options.max_length, cache_chars=0)
         config = self.head.config
         self.decoder_layers: list[nn.TransformerDecoderLayer] = []
         for layer in self.head.layers:

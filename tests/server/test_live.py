@@ -132,7 +132,9 @@ def start_fake_process(
 
 @pytest.mark.slow
 def test_sigterm_finishes_accepted_requests_then_exits_0() -> None:
-    process, url = start_fake_process(delay_s=0.3)
+    # 1 s per engine call: with the suite's other workers on the same cores, the 8 requests may take a while
+    # to arrive, and the state observed below (some running, some queued) must outlast their arrival.
+    process, url = start_fake_process(delay_s=1.0)
     try:
         bodies = [{"state": f"request {i}", "questions": {"q": NOUL}} for i in range(8)]
         with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=url, timeout=30) as probe:
@@ -140,7 +142,7 @@ def test_sigterm_finishes_accepted_requests_then_exits_0() -> None:
 
             def queued_and_running() -> bool:
                 # One scrape: at this instant requests are being computed and others wait behind them (8
-                # requests, batches of 2, 0.3 s per engine call), and the server handles all 8 (the probe's
+                # requests, batches of 2, 1 s per engine call), and the server handles all 8 (the probe's
                 # own request is the 9th in flight).
                 metrics = probe.get("/metrics").text
                 return (

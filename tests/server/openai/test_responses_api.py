@@ -22,11 +22,12 @@ from fastapi.testclient import TestClient
 
 from clef_runtime.engine.clef import Clef
 from clef_runtime.server.openai.docs import RESPONSES_EXAMPLES
+from tests.clients.common import SYSTEM, USER, Mood, Ticket
 from tests.live_server import Live, first_max, systemone
 from tests.protocol.test_openai_responses import CALL_EVENTS, MESSAGE_EVENTS
 from tests.readme_snippets import python_snippets, run_snippet
 from tests.server.conftest import LiveServer
-from tests.server.openai.test_openai_client import EQUIVALENT, SCHEMA, SYSTEM, USER, Mood, Ticket
+from tests.server.openai.test_openai_client import EQUIVALENT, SCHEMA
 
 TEXT_FORMAT = {"format": {"type": "json_schema", "name": "ticket", "schema": SCHEMA, "strict": True}}
 TOOL = {"type": "function", "name": "ticket", "parameters": SCHEMA, "strict": True}

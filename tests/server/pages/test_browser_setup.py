@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.server import browser
+from devtools import browser
 
 
 def _fake_apt(monkeypatch: pytest.MonkeyPatch, target: Path, fail_first: bool) -> list[list[str]]:
