@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -24,8 +24,8 @@ _STATE_KEY = "clef_context"
 
 @dataclass
 class RequestContext:
-    """What the server knows of one request besides its body. The fields after ``rate_limit_headers`` are
-    the log line's (``key=value``, in this order, each only once set)."""
+    """What the server knows of one request besides its body; `LOG_FIELDS` are the log line's
+    (``key=value``, each only once set)."""
 
     request_id: str
     started_at: float
@@ -46,12 +46,21 @@ class RequestContext:
     """The rate-limited caller's label (a key name or ``anonymous``), for a refused request."""
 
     def log_fields(self) -> list[str]:
-        """The ``key=value`` parts of the log line, in field order, for the fields that were set."""
-        return [
-            f"{item.name}={value}"
-            for item in fields(self)[3:]
-            if item.name != "caller" and (value := getattr(self, item.name)) is not None
-        ]
+        """The ``key=value`` parts of the log line, in this order, for the fields that were set."""
+        return [f"{name}={value}" for name in LOG_FIELDS if (value := getattr(self, name)) is not None]
+
+
+LOG_FIELDS = (
+    "key",
+    "head",
+    "input_tokens",
+    "questions",
+    "truncated_state_tokens",
+    "state_cache",
+    "steps",
+    "error_type",
+)
+"""The request's fields its log line shows, in order (``caller`` labels metrics only)."""
 
 
 def start_context(scope: MutableMapping[str, Any], request_id: str, started_at: float) -> RequestContext:
