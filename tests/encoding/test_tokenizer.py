@@ -3,6 +3,7 @@ encoder, the prompt constants of the seed, thread safety, the user cache and loa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -14,7 +15,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tokenizers import pre_tokenizers
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
 
 import clef_runtime.encoding.tokenizer as tokenizer_module
 from clef_runtime.encoding.tokenizer import (
@@ -427,6 +429,70 @@ def test_from_file_on_a_directory_raises(tmp_path):
 def test_from_json_malformed_names_the_source():
     with pytest.raises(TokenizerLoadError, match="my-label"):
         ClefTokenizer.from_json("[]", source="my-label")
+
+
+def small_tokenizer_json(word: str) -> str:
+    """A few-word tokenizers JSON (parses in microseconds), different for each ``word``."""
+    small = Tokenizer(WordLevel({"[UNK]": 0, "a": 1, word: 2}, unk_token="[UNK]"))
+    small.pre_tokenizer = pre_tokenizers.Whitespace()
+    return small.to_str()
+
+
+@pytest.fixture
+def counted_parses(monkeypatch):
+    """An empty parse cache, and the texts the tokenizers library was asked to parse from then on."""
+    parsed: list[str] = []
+    real_parse = tokenizer_module._parse_tokenizer_json
+
+    def counting_parse(tokenizer_json, source):
+        parsed.append(tokenizer_json)
+        return real_parse(tokenizer_json, source)
+
+    monkeypatch.setattr(tokenizer_module, "_parsed", {})
+    monkeypatch.setattr(tokenizer_module, "_parse_tokenizer_json", counting_parse)
+    return parsed
+
+
+def test_the_same_text_is_parsed_once_and_shared_under_one_lock(counted_parses, tmp_path):
+    text = small_tokenizer_json("b")
+    first, second = tmp_path / "one" / "tokenizer.json", tmp_path / "two" / "tokenizer.json"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text(text, encoding="utf-8")
+    loaded = [ClefTokenizer.from_file(first), ClefTokenizer.from_file(second), ClefTokenizer.from_json(text)]
+    assert counted_parses == [text]  # three loads, one parse
+    assert [t.source for t in loaded] == [str(first), str(second), "<json>"]  # each says where it came from
+    assert len({id(t._tokenizer) for t in loaded}) == 1 and len({id(t._lock) for t in loaded}) == 1
+    assert {t.digest for t in loaded} == {hashlib.sha256(text.encode()).hexdigest()}
+    assert loaded[1].encode("a b") == [1, 2]
+
+
+def test_a_file_edited_in_place_is_parsed_again(counted_parses, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(small_tokenizer_json("b"), encoding="utf-8")
+    before = ClefTokenizer.from_file(path)
+    path.write_text(small_tokenizer_json("c"), encoding="utf-8")
+    after = ClefTokenizer.from_file(path)
+    assert len(counted_parses) == 2
+    assert before.encode("a c") == [1, 0] and after.encode("a c") == [1, 2]  # each answers as its own bytes
+    assert before.digest != after.digest
+
+
+def test_the_cache_keeps_only_the_last_two_texts(counted_parses):
+    texts = [small_tokenizer_json(word) for word in ("b", "c", "d")]
+    for text in texts:
+        ClefTokenizer.from_json(text)
+    ClefTokenizer.from_json(texts[2])  # kept
+    ClefTokenizer.from_json(texts[0])  # dropped when the third came in: parsed again
+    assert counted_parses == [texts[0], texts[1], texts[2], texts[0]]
+    assert len(tokenizer_module._parsed) == 2
+
+
+def test_a_malformed_text_is_not_cached(counted_parses):
+    for _ in range(2):
+        with pytest.raises(TokenizerLoadError):
+            ClefTokenizer.from_json("[]", source="broken")
+    assert counted_parses == ["[]", "[]"] and tokenizer_module._parsed == {}
 
 
 @pytest.mark.slow

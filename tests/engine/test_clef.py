@@ -13,9 +13,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import clef_runtime.encoding.tokenizer as tokenizer_module
+import clef_runtime.model.checkpoint as checkpoint_module
 from clef_runtime import Clef
 from clef_runtime.engine.clef import PreparedRequest
-from clef_runtime.model.backbone import TRANSFORMERS_CONSTRUCTION_LOCK
+from clef_runtime.model.backbone import TRANSFORMERS_CONSTRUCTION_LOCK, Backbone
+from clef_runtime.model.checkpoint import CheckpointError
+from clef_runtime.model.resolve import resolve_model
 from clef_runtime.protocol.errors import InputTooLongError, RequestValidationError
 from clef_runtime.vision.tower import VisionTower
 from tests.helpers import png_data_url as png_url
@@ -187,6 +191,51 @@ def test_cli_decide_and_jsonl(clef: Clef) -> None:
     assert answers_only(out[0]) == answers_only(clef.decide(REQUESTS[1]))
     assert out[1]["error"]["detail"][0]["loc"] == ["state"]
     assert answers_only(out[2]) == answers_only(clef.decide(REQUESTS[0]))
+
+
+def linked_tiny_copy(directory: Path) -> Path:
+    """``directory`` filled with links to the tiny checkpoint's files (replace one to damage it)."""
+    for file in resolve_model("tiny").path.iterdir():
+        (directory / file.name).symlink_to(file)
+    return directory
+
+
+def test_load_parses_tokenizer_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[str] = []
+    read_json: list[str] = []
+    real_parse, real_read = tokenizer_module._parse_tokenizer_json, checkpoint_module._read_json_object
+    monkeypatch.setattr(tokenizer_module, "_parsed", {})  # nothing parsed yet in this process
+    monkeypatch.setattr(
+        tokenizer_module,
+        "_parse_tokenizer_json",
+        lambda text, source: parsed.append(source) or real_parse(text, source),
+    )
+    monkeypatch.setattr(
+        checkpoint_module, "_read_json_object", lambda path: read_json.append(path.name) or real_read(path)
+    )
+    directory = linked_tiny_copy(tmp_path)
+    Clef.load(str(directory), dtype="fp32")
+    assert parsed == [str(directory / "tokenizer.json")]  # by the tokenizer
+    assert "tokenizer.json" not in read_json and "config.json" in read_json  # not again by verify_checkpoint
+    Clef.load(str(directory), dtype="fp32")
+    assert len(parsed) == 1  # a second engine in this process shares the parse
+
+
+def test_a_malformed_tokenizer_json_stops_the_load_before_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = linked_tiny_copy(tmp_path)
+    (directory / "tokenizer.json").unlink()
+    (directory / "tokenizer.json").write_text('{"model": ')
+
+    def no_weights(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the weights were loaded before the tokenizer was checked")
+
+    monkeypatch.setattr(Backbone, "load", no_weights)
+    with pytest.raises(CheckpointError) as raised:
+        Clef.load(str(directory), dtype="fp32")
+    assert raised.value.file == directory / "tokenizer.json"
+    assert str(directory / "tokenizer.json") in str(raised.value)
 
 
 @pytest.mark.slow

@@ -173,6 +173,22 @@ def test_malformed_config(clone_tiny: Callable[..., Path], content: str, words: 
     _assert_names(error, directory / "config.json", words)
 
 
+def test_a_malformed_tokenizer_json_fails_verify_unless_the_caller_parses_it(
+    clone_tiny: Callable[..., Path],
+) -> None:
+    directory = clone_tiny("tokenizer.json")
+    (directory / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(CheckpointError) as error:
+        verify_checkpoint(directory)
+    _assert_names(error, directory / "tokenizer.json", "not valid JSON")
+    # Clef.load parses it with the tokenizer next (tests/engine/test_clef.py): verify only checks it is there.
+    assert verify_checkpoint(directory, parse_tokenizer=False).path == directory
+    (directory / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError) as error:
+        verify_checkpoint(directory, parse_tokenizer=False)
+    _assert_names(error, directory / "tokenizer.json", "missing")
+
+
 def test_head_config_must_match_backbone(clone_tiny: Callable[..., Path]) -> None:
     directory = clone_tiny("joint_head_config.json")
     config = json.loads((directory / "joint_head_config.json").read_text())

@@ -359,6 +359,37 @@ def _parse_tokenizer_json(tokenizer_json: str, source: str) -> Tokenizer:
         raise TokenizerLoadError(f"{source} is not a valid tokenizers JSON: {exc}") from exc
 
 
+class _ParsedTokenizer:
+    """A parsed ``tokenizers.Tokenizer``, the lock that guards it, the digest of the JSON it came from."""
+
+    def __init__(self, tokenizer: Tokenizer, digest: str | None) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+        self.digest = digest
+
+
+# Parsing Qwen3.5's ~15 MB tokenizer.json takes ~1 s of CPU and 60-180 MB; an engine loads it once, but a
+# process that loads several engines (a test session, the built-in tokenizer beside a checkpoint's copy of
+# it) would parse the same bytes again. Keyed by the SHA-256 of the JSON text, so a file edited in place is
+# parsed again and two paths with the same bytes share one parse; the last few are kept, not every one.
+_PARSED_KEEP: Final = 2
+_parsed: dict[str, _ParsedTokenizer] = {}
+_parsed_lock = threading.Lock()
+
+
+def _parse_shared(tokenizer_json: str, source: str) -> _ParsedTokenizer:
+    """The parse of ``tokenizer_json``: from this process's cache when the same text was parsed recently."""
+    digest = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
+    with _parsed_lock:
+        parsed = _parsed.pop(digest, None)
+        if parsed is None:
+            parsed = _ParsedTokenizer(_parse_tokenizer_json(tokenizer_json, source), digest)
+        _parsed[digest] = parsed  # most recent last
+        while len(_parsed) > _PARSED_KEEP:
+            del _parsed[next(iter(_parsed))]
+    return parsed
+
+
 class ClefTokenizer:
     """A thread-safe Qwen3.5 tokenizer: ``encode`` never adds special tokens and parses special-token text
     (``<|im_start|>``, ``<think>``, ...) as the special token; ``decode`` keeps special tokens.
@@ -369,13 +400,16 @@ class ClefTokenizer:
     and 60-180 MB.
     """
 
-    def __init__(self, tokenizer: Tokenizer, source: str) -> None:
+    def __init__(self, tokenizer: Tokenizer | _ParsedTokenizer, source: str) -> None:
         """Wrap ``tokenizer`` (which the caller must not use elsewhere afterwards); ``source`` says where it
         came from (a path, or :data:`BUILTIN_SOURCE`)."""
-        self._tokenizer = tokenizer
+        parsed = tokenizer if isinstance(tokenizer, _ParsedTokenizer) else _ParsedTokenizer(tokenizer, None)
+        self._tokenizer = parsed.tokenizer
         self._source = source
-        self._lock = threading.Lock()
-        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # Shared with every instance over the same parse (see _parse_shared).
+        self._lock = parsed.lock
+        self._digest = parsed.digest
+        self._vocab_size = parsed.tokenizer.get_vocab_size(with_added_tokens=True)
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -383,13 +417,16 @@ class ClefTokenizer:
     def from_json(cls, tokenizer_json: str, *, source: str = "<json>") -> ClefTokenizer:
         """A tokenizer from a ``tokenizers`` JSON string.
 
+        The same text is parsed once per process while it is among the last two distinct texts parsed;
+        instances over one parse share it and its lock.
+
         Returns:
             The tokenizer, with :attr:`source` set to ``source``.
 
         Raises:
             TokenizerLoadError: the string is not a valid tokenizer JSON (the message names ``source``).
         """
-        return cls(_parse_tokenizer_json(tokenizer_json, source), source=source)
+        return cls(_parse_shared(tokenizer_json, source), source=source)
 
     @classmethod
     def from_file(cls, path: str | Path) -> ClefTokenizer:
@@ -440,7 +477,7 @@ class ClefTokenizer:
                     logger.warning("tokenizer cache unusable (%s); building the tokenizer in memory", exc)
                     tokenizer_json = build_qwen35_tokenizer_json()
                     label = BUILTIN_SOURCE
-                _default_instance = cls(_parse_tokenizer_json(tokenizer_json, label), source=BUILTIN_SOURCE)
+                _default_instance = cls(_parse_shared(tokenizer_json, label), source=BUILTIN_SOURCE)
             return _default_instance
 
     @classmethod
@@ -479,6 +516,12 @@ class ClefTokenizer:
     def source(self) -> str:
         """Where this tokenizer came from: a file path, :data:`BUILTIN_SOURCE`, or a ``from_json`` label."""
         return self._source
+
+    @property
+    def digest(self) -> str | None:
+        """SHA-256 (hex) of the JSON text this tokenizer was parsed from; None when it was built from a
+        ``tokenizers.Tokenizer`` object."""
+        return self._digest
 
     @property
     def vocab_size(self) -> int:

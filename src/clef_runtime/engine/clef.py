@@ -27,7 +27,7 @@ from torch import Tensor
 
 from clef_runtime.encoding.encoder import EncodedRecord, Encoder
 from clef_runtime.encoding.fast_bpe import tokenizer_for_encoding
-from clef_runtime.encoding.tokenizer import ClefTokenizer
+from clef_runtime.encoding.tokenizer import ClefTokenizer, TokenizerLoadError
 from clef_runtime.engine.calibration import Calibration, CalibrationError
 from clef_runtime.engine.card import CardedEngine, EngineCard
 from clef_runtime.engine.decision import Decision
@@ -42,7 +42,7 @@ from clef_runtime.engine.preflight import EngineFiles, check_engine_files
 from clef_runtime.engine.preparer import PreparedRequest, RequestPreparer
 from clef_runtime.engine.state_cache import StateCache
 from clef_runtime.model.backbone import Backbone
-from clef_runtime.model.checkpoint import model_card, verify_checkpoint
+from clef_runtime.model.checkpoint import CheckpointError, model_card, verify_checkpoint
 from clef_runtime.model.head import HeadLoadError, JointSchemaHead
 from clef_runtime.model.lexical import LexicalTable
 from clef_runtime.model.memory import available_memory
@@ -51,6 +51,7 @@ from clef_runtime.model.state import BackboneState
 from clef_runtime.options import HEAD_NAME, EngineOptions, parse_head_specs
 from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.protocol.systemone import SystemOneRequest
+from clef_runtime.release import TOKENIZER_FILE
 from clef_runtime.vision.tower import VisionTower
 
 __all__ = [
@@ -75,6 +76,15 @@ DEFAULT_CACHE_CAP = 4 * 1024**3
 DEFAULT_STEP_TOKENS = {"cpu": 1024, "cuda": 16384}
 
 MiB = 1024 * 1024
+
+
+def _checkpoint_tokenizer(directory: Path) -> ClefTokenizer:
+    """The checkpoint's tokenizer; a malformed ``tokenizer.json`` is a `CheckpointError` naming it, as every
+    other damaged release file is."""
+    try:
+        return ClefTokenizer.load(directory)
+    except TokenizerLoadError as error:
+        raise CheckpointError(str(error), file=directory / TOKENIZER_FILE) from error
 
 
 def default_cache_bytes(device: torch.device) -> int:
@@ -248,7 +258,9 @@ class Clef(CardedEngine):
         check_head_names(head_specs, resolved.name)  # and one named as the model
         if resolved.is_tiny:
             logger.warning("model %r is untrained (random weights): its answers are meaningless", model)
-        info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes)
+        # tokenizer.json is parsed once, by the tokenizer, and before the weights: a damaged one fails fast.
+        info = verify_checkpoint(resolved.path, expected_sizes=resolved.expected_sizes, parse_tokenizer=False)
+        tokenizer = _checkpoint_tokenizer(resolved.path)
         backbone = Backbone.load(
             resolved.path,
             device=opts.device,
@@ -261,7 +273,7 @@ class Clef(CardedEngine):
         )
         loaded = LoadedModel(
             resolved=resolved,
-            tokenizer=ClefTokenizer.load(resolved.path),
+            tokenizer=tokenizer,
             backbone=backbone,
             head=JointSchemaHead.from_files(resolved.path, device=backbone.device),
             # On an accelerator the table lives there too: a request's option rows are gathered on the device.

@@ -280,7 +280,7 @@ class Backbone:
         """
         resolved_device = _prepare_device(device, threads, fused_kernels)
         if info is None:
-            info = verify_checkpoint(path)
+            info = verify_checkpoint(path, parse_tokenizer=False)  # the backbone never reads tokenizer.json
         choice = _compute_choice(dtype, resolved_device, weights, info)
         resolved_dtype = choice.dtype
         # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
