@@ -44,9 +44,10 @@ run: $(STAMP)
 	$(BIN)/clef serve --model tiny --host $(HOST) --port $(PORT)
 
 # One worker per core (pytest-xdist); --dist loadfile keeps each test file on one worker, so a module's
-# shared fixtures (a live server, the Ray cluster) start once. The fast part alone: pytest -m "not slow".
+# shared fixtures (a live server, the Ray cluster) start once. --no-loadscope-reorder hands the files out in
+# collection order, which tests/conftest.py starts with the longest files. The fast part: pytest -m "not slow".
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # mypy checks what pyproject.toml's [tool.mypy] names (src/clef_runtime), with its settings.
 lint: $(DEV_STAMP)

@@ -39,6 +39,32 @@ from clef_runtime.model.kernels import configure_cpu_threads
 configure_cpu_threads()
 
 
+# The files that take longest (each starts server or CLI processes, or runs for a set time), longest first.
+# `make test` hands whole files to its workers in collection order; xdist's own order (most tests first) left
+# these few-test files for last, where one worker ran them alone while the other sat idle (measured: 85 s of
+# a 444 s run on 2 cores). tests/test_makefile.py checks that they exist.
+LONG_FILES_FIRST = (
+    "tests/reliability/test_schemathesis.py",
+    "tests/scale/test_ray_serve.py",
+    "tests/reliability/test_overload.py",
+    "tests/server/routes/test_conformance.py",
+    "tests/test_cli.py",
+    "tests/reliability/test_faults.py",
+    "tests/server/jobs/test_jobs_ownership.py",
+    "tests/engine/test_clef.py",
+    "tests/test_mcp_command.py",
+    "tests/devtools/test_harness.py",
+    "tests/tuning/test_command.py",
+    "tests/reliability/test_load.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long files first (see `LONG_FILES_FIRST`); a stable sort, so every file keeps its own test order."""
+    rank = {path: position for position, path in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture(scope="session")
 def tiny() -> Clef:
     """The built-in untrained tiny model with the default options but fp32 compute, loaded once for the whole

@@ -8,6 +8,12 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+from tests.conftest import LONG_FILES_FIRST, pytest_collection_modifyitems
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -120,4 +126,28 @@ def test_make_test_runs_the_suite_on_every_core_a_file_per_worker(tmp_path: Path
     # pytest-xdist: a worker per core; a test file stays on one worker, so its module fixtures start once.
     venv = _stamped_venv(tmp_path, ".installed", ".installed-dev")
     (command,) = _make_n(f"VENV={venv}", "test")
-    assert command == f"{venv}/bin/python -m pytest -q -n auto --dist loadfile", command
+    assert command == f"{venv}/bin/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder", (
+        command
+    )
+
+
+def test_the_longest_files_are_handed_out_first() -> None:
+    # tests/conftest.py orders the collection; `make test` keeps that order (--no-loadscope-reorder).
+    for path in LONG_FILES_FIRST:
+        assert (REPO / path).is_file(), f"{path} is listed in LONG_FILES_FIRST but does not exist"
+    nodeids = [
+        "tests/a_test.py::first",
+        "tests/reliability/test_overload.py::one",
+        "tests/a_test.py::second",
+        "tests/reliability/test_schemathesis.py::two",
+        "tests/reliability/test_overload.py::three",
+    ]
+    items = [cast(pytest.Item, SimpleNamespace(nodeid=nodeid)) for nodeid in nodeids]
+    pytest_collection_modifyitems(cast(pytest.Config, None), items)
+    assert [item.nodeid for item in items] == [
+        "tests/reliability/test_schemathesis.py::two",
+        "tests/reliability/test_overload.py::one",
+        "tests/reliability/test_overload.py::three",
+        "tests/a_test.py::first",
+        "tests/a_test.py::second",
+    ]
