@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -109,11 +110,13 @@ def start_server_process(
     timeout: float = 180.0,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> ServerProcess:
     """Run ``argv`` (a server listening on ``port``) from the repository root, with the ``CLEF_*`` variables
     of this process removed and the repository on ``PYTHONPATH``, and wait until ``wait_for`` answers 200
     (and ``ready(response)`` holds, when given). ``env`` adds variables; ``new_session`` starts the server in
-    a process session of its own (its children, a Ray head say, then do not get this terminal's signals).
+    a process session of its own (its children, a Ray head say, then do not get this terminal's signals);
+    ``tls``: the server speaks HTTPS, and this client context trusts its certificate (the URL is https).
 
     Returns the running server. Raises RuntimeError (with its output) when it exits first or does not answer
     within ``timeout`` s (it is killed then).
@@ -127,7 +130,7 @@ def start_server_process(
     else:
         with log_path.open("wb") as log:
             process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, **options)
-    server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
+    server = ServerProcess(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
@@ -139,7 +142,7 @@ def start_server_process(
                 f"the server did not answer {wait_for} within {timeout} s:\n{server.log()[-4000:]}"
             )
         try:
-            response = httpx.get(server.url + wait_for, timeout=5)
+            response = httpx.get(server.url + wait_for, timeout=5, verify=tls or True)
             if response.status_code == 200 and (ready is None or ready(response)):
                 return server
         except httpx.TransportError:
@@ -156,6 +159,7 @@ def start_clef_server(
     ready: Callable[[httpx.Response], bool] | None = None,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    tls: ssl.SSLContext | None = None,
     **settings: Any,
 ) -> ServerProcess:
     """``launcher serve --model MODEL --port <free port>`` plus the flags of ``settings`` (field names of the
@@ -165,7 +169,7 @@ def start_clef_server(
     port = free_port()
     argv = [*launcher, "serve", *serve_flags(model=model, port=port, **settings)]
     return start_server_process(
-        argv, port, log_path=log_path, ready=ready, timeout=timeout, env=env, new_session=new_session
+        argv, port, log_path=log_path, ready=ready, timeout=timeout, env=env, new_session=new_session, tls=tls
     )
 
 

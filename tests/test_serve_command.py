@@ -44,6 +44,15 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "host": (["--host", "0.0.0.0"], "0.0.0.0", "0.0.0.0"),
     "port": (["--port", "9000"], "9000", 9000),
     "api_keys": (["--api-key", "a", "--api-key", "b"], "a, b", ("a", "b")),
+    "allow_unauthenticated": (["--allow-unauthenticated"], "1", True),
+    "ssl_certfile": (["--ssl-certfile", "/tls/server.crt"], "/tls/server.crt", "/tls/server.crt"),
+    "ssl_keyfile": (["--ssl-keyfile", "/tls/server.key"], "/tls/server.key", "/tls/server.key"),
+    "ssl_ca_certs": (["--ssl-ca-certs", "/tls/ca.pem"], "/tls/ca.pem", "/tls/ca.pem"),
+    "cors_origins": (
+        ["--cors-origin", "https://app.example", "--cors-origin", "http://b.example:8080"],
+        "https://app.example, http://b.example:8080",
+        ("https://app.example", "http://b.example:8080"),
+    ),
     "admin_keys": (["--admin-key", "ops:x"], "ops:x", ("ops:x",)),
     "strict_model_names": (["--strict-model-names"], "true", True),
     "max_queue": (["--max-queue", "3"], "3", 3),
@@ -111,7 +120,8 @@ def test_every_option_is_sampled() -> None:
     assert set(SAMPLES) == {option.field for option in ALL_SERVE_OPTIONS}
     assert len(ALL_SERVE_OPTIONS) == len({option.flag for option in ALL_SERVE_OPTIONS})
     assert all(
-        option.env == "CLEF_" + option.field.upper() or option.field in ("api_keys", "admin_keys")
+        option.env == "CLEF_" + option.field.upper()
+        or option.field in ("api_keys", "admin_keys", "cors_origins")
         for option in ALL_SERVE_OPTIONS
     )
 
@@ -121,8 +131,15 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
     argv, env_value, expected = SAMPLES[field]
     option = next(o for o in ALL_SERVE_OPTIONS if o.field == field)
     base = [] if field == "model" else ["--model", "m"]
-    # --rate-burst alone is refused: it sizes the bucket of a --rate-limit.
-    needs = {"rate_burst": (["--rate-limit", "1"], {"CLEF_RATE_LIMIT": "1"})}.get(field, ([], {}))
+    # --rate-burst alone is refused: it sizes the bucket of a --rate-limit; so are a key or client CAs
+    # without a certificate, and another machine's address without an API key.
+    with_certificate = (["--ssl-certfile", "/tls/server.crt"], {"CLEF_SSL_CERTFILE": "/tls/server.crt"})
+    needs = {
+        "rate_burst": (["--rate-limit", "1"], {"CLEF_RATE_LIMIT": "1"}),
+        "ssl_keyfile": with_certificate,
+        "ssl_ca_certs": with_certificate,
+        "host": (["--api-key", "k"], {"CLEF_API_KEY": "k"}),
+    }.get(field, ([], {}))
     assert value_of(base + needs[0] + argv, {}, field) == expected
     environ = {option.env: env_value} if field == "model" else {option.env: env_value, "CLEF_MODEL": "m"}
     environ.update(needs[1])
@@ -154,6 +171,17 @@ def test_each_option_comes_from_its_flag_or_its_variable(field: str) -> None:
             "--admin-key must differ from every --api-key",
         ),
         ([], {"CLEF_API_KEY": "k1", "CLEF_ADMIN_KEY": "k1"}, "--admin-key must differ from every --api-key"),
+        (
+            ["--host", "0.0.0.0"],
+            {},
+            "--host 0.0.0.0 serves other machines and no --api-key is set: anyone who can reach the port "
+            "could use the server. Set --api-key KEY (CLEF_API_KEY), or pass --allow-unauthenticated",
+        ),
+        ([], {"CLEF_HOST": "::"}, "--host :: serves other machines and no --api-key is set"),
+        (["--host", "clef.internal"], {}, "--host clef.internal serves other machines"),
+        (["--host", "0.0.0.0", "--admin-key", "ops:k"], {}, "and no --api-key is set"),
+        (["--cors-origin", "https://app.example/"], {}, "(no trailing slash or path"),
+        ([], {"CLEF_CORS_ORIGIN": "app.example"}, "--cors-origin 'app.example' is not an origin"),
     ],
 )
 def test_run_serve_returns_2_on_bad_settings(
@@ -241,7 +269,9 @@ def test_serve_closes_its_socket_when_the_app_cannot_be_built(monkeypatch: pytes
 
 
 def test_an_address_of_another_machine_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    settings = ServerSettings(model="fake", host="192.0.2.1", port=8094, jobs=False)  # TEST-NET-1
+    settings = ServerSettings(
+        model="fake", host="192.0.2.1", port=8094, jobs=False, api_keys=("k",)
+    )  # TEST-NET-1
     assert serve(settings, engine_factory=lambda s: NeverLoaded()) == 1
     err = capsys.readouterr().err
     assert err.startswith("clef serve: error: cannot listen on 192.0.2.1:8094: ") and "--host" in err
@@ -292,3 +322,22 @@ def test_a_bad_value_names_its_flag_and_what_it_expects_not_our_parser(
     assert "parse_" not in error and "invalid parse" not in error
     if option.parse in (parse_int, parse_float, parse_size, parse_bool):  # ours say what they expect
         assert "(e.g. " in error or "(use " in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--host", "0.0.0.0", "--api-key", "k"], {}),
+        (["--host", "0.0.0.0", "--allow-unauthenticated"], {}),
+        ([], {"CLEF_HOST": "0.0.0.0", "CLEF_ALLOW_UNAUTHENTICATED": "1"}),
+        (["--host", "127.0.0.2"], {}),
+        (["--host", "::1"], {}),
+        (["--host", "localhost"], {}),
+        (["--host", "::ffff:127.0.0.1"], {}),
+    ],
+)
+def test_another_machines_address_is_served_with_a_key_or_when_allowed(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    # Negative control of the refusals above: the same addresses with a key, or allowed, or loopback.
+    assert settings_from_namespace(parser().parse_args(["--model", "m", *argv]), environ).model == "m"

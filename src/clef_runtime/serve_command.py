@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 from clef_runtime.logs import configure_logging
 from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, Option, OptionsError, add_option_arguments
 from clef_runtime.scale.settings import RAY_OPTIONS, RaySettings
-from clef_runtime.server.settings import OPTIONS, ServerSettings, SettingsError, settings_from_namespace
+from clef_runtime.server.settings import (
+    OPTIONS,
+    ServerSettings,
+    SettingsError,
+    is_loopback,
+    settings_from_namespace,
+)
+from clef_runtime.server.tls import check_tls_files
 
 if TYPE_CHECKING:
     from clef_runtime.server.runtime import EngineFactory
@@ -47,7 +54,6 @@ EXIT_CANNOT_LISTEN = 1
 """The exit status when the address cannot be bound (in use, not this machine's, a privileged port): the
 settings are valid (that would be 2), the machine refuses them."""
 
-_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _BACKLOG = 2048
 """Pending connections the kernel queues before uvicorn accepts them (uvicorn's own default)."""
 
@@ -116,6 +122,7 @@ def _serve_on(sock: socket.socket, settings: ServerSettings, engine_factory: Eng
 
     from clef_runtime.jobs.store import JobStoreError
     from clef_runtime.server.app import create_app
+    from clef_runtime.server.tls import uvicorn_tls_arguments
 
     fatal: list[BaseException] = []
     server_box: list[uvicorn.Server] = []
@@ -137,11 +144,16 @@ def _serve_on(sock: socket.socket, settings: ServerSettings, engine_factory: Eng
         lifespan="on",
         timeout_graceful_shutdown=None,  # finish every accepted request
         server_header=False,
+        **uvicorn_tls_arguments(settings),
     )
     server = uvicorn.Server(config)
     server_box.append(server)
-    if settings.host not in _LOCAL_HOSTS and not settings.auth_enabled:
-        logger.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
+    if not is_loopback(settings.host) and not settings.auth_enabled:
+        # Only with --allow-unauthenticated: the settings refuse it otherwise.
+        logger.warning(
+            "listening on %s without --api-key (--allow-unauthenticated): anyone who can reach it can use it",
+            settings.host,
+        )
     logger.info("settings: %s", settings.redacted())
     if not settings.jobs:
         # The app logs the jobs database it opened, or why it opened none; with --jobs off it is silent.
@@ -149,7 +161,10 @@ def _serve_on(sock: socket.socket, settings: ServerSettings, engine_factory: Eng
     # uvicorn announces its address only for a socket it binds itself; this one was bound above.
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    logger.info("listening on http://%s:%d (decision routes answer once the model is ready)", shown, port)
+    scheme = "https" if settings.tls_enabled else "http"
+    logger.info(
+        "listening on %s://%s:%d (decision routes answer once the model is ready)", scheme, shown, port
+    )
     # uvicorn re-raises the signal it caught after a graceful shutdown; with the default SIGTERM handler
     # that would kill the process with status 143. A no-op handler makes a graceful stop exit 0.
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -177,6 +192,12 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     try:
         settings = settings_from_namespace(args, environ)
         ray = RaySettings.from_sources(args, environ)
+        if ray.ray and settings.tls_enabled:
+            raise SettingsError(
+                "--ssl-certfile is not served with --ray: Ray Serve's proxy answers HTTP; terminate TLS in "
+                "front of it (an ingress or load balancer)"
+            )
+        check_tls_files(settings)
     except SettingsError as exc:
         print(f"clef serve: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from devtools.harness import CLEF_LAUNCHER, engine_launcher, free_port, start_clef_server
 from PIL import Image
 
 from clef_runtime.encoding.tokenizer import cache_dir
@@ -68,6 +70,39 @@ def test_the_server_listens_on_loopback_only_by_default() -> None:
         assert process.wait(30) == 0
     log = process.stdout.read().decode() if process.stdout else ""
     assert "without --api-key" not in log
+
+
+def test_another_machines_address_without_a_key_is_refused_before_anything_starts() -> None:
+    done = subprocess.run(
+        [*CLEF_LAUNCHER, "serve", "--model", "tiny", "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={key: value for key, value in os.environ.items() if not key.startswith("CLEF_")},
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.count("\n") == 1
+        and "--api-key" in done.stderr
+        and "--allow-unauthenticated" in done.stderr
+    )
+
+
+@pytest.mark.slow
+def test_allow_unauthenticated_serves_every_interface_and_says_so() -> None:
+    server = start_clef_server(
+        "fake",
+        launcher=engine_launcher("devtools.fake_engine:FakeClef"),
+        timeout=60,
+        host="0.0.0.0",
+        allow_unauthenticated=True,
+    )
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+        assert _listening_addresses(port) == {"00000000"}  # 0.0.0.0: every interface
+    finally:
+        assert server.stop() == 0
+    assert "without --api-key (--allow-unauthenticated): anyone who can reach it can use it" in server.log()
 
 
 # ------------------------------------------------------------------------------------------------- keys

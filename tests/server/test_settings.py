@@ -14,6 +14,7 @@ from clef_runtime.server.settings import (
     OPTIONS,
     ServerSettings,
     SettingsError,
+    is_loopback,
     parse_bool,
     parse_size,
     server_settings,
@@ -148,3 +149,25 @@ def test_booleans() -> None:
     ] * 4 + [False] * 5
     with pytest.raises(ValueError):
         parse_bool("2")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("0.0.0.0", False),
+        ("", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("::ffff:10.1.2.3", False),
+        ("clef.internal", False),
+        ("localhost.example", False),
+    ],
+)
+def test_only_loopback_addresses_count_as_this_machine_only(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 
 from clef_runtime.server.classifiers.routes import FEATURE as CLASSIFIERS
 from clef_runtime.server.compression import CompressionMiddleware
+from clef_runtime.server.cors import add_cors
 from clef_runtime.server.errors import ErrorShaper, install_error_handlers
 from clef_runtime.server.feature import Feature
 from clef_runtime.server.jobs.routes import FEATURE as JOBS
@@ -159,5 +160,6 @@ def create_app(
     )
     # Outermost: it sees the final headers and bodies, error responses and the 500 body included.
     app.add_middleware(CompressionMiddleware)
+    add_cors(app, settings.cors_origins)
     install_openapi(app, tuple(model for feature in features for model in feature.request_models))
     return app

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ __all__ = [
     "ServerSettings",
     "SettingsError",
     "data_dir",
+    "is_loopback",
     "parse_bool",
     "parse_size",
     "server_settings",
@@ -55,6 +58,24 @@ SettingsError = OptionsError
 
 
 DEFAULT_PORT = 8094
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only: ``localhost`` or a loopback address (127.0.0.0/8,
+    ``::1``, an IPv4-mapped loopback). A host name other than ``localhost`` is not: it may resolve to any
+    address, and the empty host binds every interface."""
+    name = host.strip().strip("[]").lower()
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+_ORIGIN = re.compile(r"^https?://[^/?#\s@]+$")
 
 
 def data_dir() -> Path:
@@ -74,6 +95,19 @@ class ServerSettings:
     port: int = DEFAULT_PORT
     api_keys: tuple[str, ...] = ()
     """Accepted keys (``NAME:KEY`` names one; see `clef_runtime.server.auth`); empty means auth is off."""
+    allow_unauthenticated: bool = False
+    """Serve a non-loopback ``host`` without an API key (something in front authenticates); without it
+    such settings are refused."""
+    ssl_certfile: str | None = None
+    """The server's certificate chain (PEM): with it the server speaks HTTPS only."""
+    ssl_keyfile: str | None = None
+    """The certificate's private key (PEM); None: it is in ``ssl_certfile``."""
+    ssl_ca_certs: str | None = None
+    """CA certificates (PEM) that client certificates must chain to: with it every client must present one
+    (mutual TLS)."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins (``https://app.example``, or ``*``) whose pages may call the API; empty: none but the
+    server's own pages (same origin needs no CORS)."""
     rate_limit: float | None = None
     """Decision requests per second per API key (per client address with auth off); None: no limit."""
     rate_burst: int | None = None
@@ -163,10 +197,40 @@ class ServerSettings:
             problems.append(
                 "--admin-key must differ from every --api-key (an API key must not unlock the admin routes)"
             )
+        problems.extend(self._network_problems())
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             problems.append(f"--log-level must be critical/error/warning/info/debug, got {self.log_level!r}")
         if problems:
             raise SettingsError("; ".join(problems))
+
+    def _network_problems(self) -> list[str]:
+        """What is wrong with the address, TLS and CORS settings (the files themselves are read at start:
+        `clef_runtime.server.tls`)."""
+        problems = []
+        if not self.api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
+            shown = self.host or "''"
+            problems.append(
+                f"--host {shown} serves other machines and no --api-key is set: anyone who can "
+                "reach the port could use the server. Set --api-key KEY (CLEF_API_KEY), or pass "
+                "--allow-unauthenticated (CLEF_ALLOW_UNAUTHENTICATED=1) when something in front "
+                "authenticates (a proxy, a private network)"
+            )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            problems.append("--ssl-keyfile needs --ssl-certfile (the certificate the key belongs to)")
+        if self.ssl_ca_certs and not self.ssl_certfile:
+            problems.append("--ssl-ca-certs (client certificates) needs --ssl-certfile (the server's own)")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.match(origin):
+                hint = (
+                    " (no trailing slash or path: browsers send scheme://host[:port])"
+                    if "://" in origin
+                    else ""
+                )
+                problems.append(
+                    f"--cors-origin {origin!r} is not an origin: use scheme://host[:port], e.g. "
+                    f"https://app.example.com, or *{hint}"
+                )
+        return problems
 
     @property
     def max_length(self) -> int:
@@ -220,6 +284,11 @@ class ServerSettings:
         if self.rate_burst is not None:
             return self.rate_burst
         return max(1, math.ceil(self.rate_limit or 1))
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when the server speaks HTTPS (``ssl_certfile`` is set)."""
+        return bool(self.ssl_certfile)
 
     @property
     def auth_enabled(self) -> bool:
@@ -291,6 +360,49 @@ OPTIONS: tuple[Option, ...] = (
         "for --rate-limit, /metrics and logs (else key-1, key-2, ...); read from 'Authorization: Bearer' "
         "or 'X-API-Key'. Default: auth off",
         "KEY",
+        kind="append",
+    ),
+    Option(
+        "allow_unauthenticated",
+        "--allow-unauthenticated",
+        "CLEF_ALLOW_UNAUTHENTICATED",
+        parse_bool,
+        "serve a --host other than loopback without --api-key (something in front authenticates); without "
+        "it such a server refuses to start",
+        kind="bool",
+    ),
+    Option(
+        "ssl_certfile",
+        "--ssl-certfile",
+        "CLEF_SSL_CERTFILE",
+        str,
+        "serve HTTPS with this certificate chain (PEM); TLS 1.2 or later",
+        "PATH",
+    ),
+    Option(
+        "ssl_keyfile",
+        "--ssl-keyfile",
+        "CLEF_SSL_KEYFILE",
+        str,
+        "the certificate's private key (PEM; default: inside --ssl-certfile)",
+        "PATH",
+    ),
+    Option(
+        "ssl_ca_certs",
+        "--ssl-ca-certs",
+        "CLEF_SSL_CA_CERTS",
+        str,
+        "require a client certificate issued by these CAs (PEM): mutual TLS (default: none asked)",
+        "PATH",
+    ),
+    Option(
+        "cors_origins",
+        "--cors-origin",
+        "CLEF_CORS_ORIGIN",
+        str,
+        "let pages of this browser origin (scheme://host[:port], or *) call the API (repeatable; the "
+        "variable takes a comma-separated list). Default: none; the server's own pages always work",
+        "ORIGIN",
         kind="append",
     ),
     Option(

@@ -234,6 +234,20 @@ def test_a_cross_origin_browser_call_is_refused_and_a_same_origin_one_is_not(
     assert own.status_code == 200 and own.json()["result"]["serverInfo"]
 
 
+def test_an_origin_the_operator_allows_may_call_mcp(live_fake: Callable[..., LiveServer]) -> None:
+    served = live_fake(FakeClef(), cors_origins=("https://app.example",))
+    allowed = httpx.post(
+        served.url + "/mcp", json=INITIALIZE, headers={**JSON_ACCEPT, "origin": "https://app.example"}
+    )
+    assert (
+        allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "https://app.example"
+    )
+    other = httpx.post(
+        served.url + "/mcp", json=INITIALIZE, headers={**JSON_ACCEPT, "origin": "https://evil.example"}
+    )
+    assert other.status_code == 403
+
+
 @pytest.mark.parametrize(
     ("body", "code", "message"),
     [

@@ -27,7 +27,8 @@ WAIT_MS = 60_000  # a generous bound for a shared machine; the tests wait for co
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[TinyServer]:
-    with tiny_server() as live:
+    # CORS on for another origin: the pages' own origin must keep working whatever --cors-origin says.
+    with tiny_server(cors_origins=("https://app.example",)) as live:
         yield live
 
 

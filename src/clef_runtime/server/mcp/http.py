@@ -35,6 +35,7 @@ from clef_runtime.protocol.errors import ClefError
 from clef_runtime.server.admission import authenticate
 from clef_runtime.server.bodies import read_body
 from clef_runtime.server.context import context_of
+from clef_runtime.server.cors import origin_allowed
 from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.feature import Feature
 from clef_runtime.server.flow import SYSTEMONE, WireMapping, answer_decision
@@ -52,11 +53,12 @@ logger = logging.getLogger("clef_runtime.server")
 def _check_origin(request: Request) -> None:
     """Refuse a browser's cross-origin call: the transport's specification requires servers to validate
     ``Origin`` against DNS rebinding (a page on another site reaching a server on the user's loopback).
-    Clients that are not browsers send no ``Origin``; a page served by this server has its own origin.
+    Clients that are not browsers send no ``Origin``; a page served by this server has its own origin; the
+    origins of ``--cors-origin`` are trusted by the operator.
 
     Raises `ApiError` 403 when ``Origin`` names another host than the request's ``Host``."""
     origin = request.headers.get("origin")
-    if origin is None:
+    if origin is None or origin_allowed(origin, request.app.state.settings.cors_origins):
         return
     origin_host = urlsplit(origin).netloc.lower()
     if not origin_host or origin_host != request.headers.get("host", "").lower():
