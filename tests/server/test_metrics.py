@@ -1,14 +1,31 @@
-"""The status page's request counts: a client's 4xx is a rejected request, only a 5xx is a server error."""
+"""The status page's request counts (a client's 4xx is a rejected request, only a 5xx is a server error), and
+the decision metrics: answers by model, head, classifier and type, confidence, near ties, truncated tokens,
+and the fused kernels' status, on /metrics and /status.json alike."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
+from typing import Any
 
-from devtools.fake_engine import FAIL_MARKER
+import pytest
+from devtools.fake_engine import FAIL_MARKER, FakeClef, FakeRecord, schema_tokens
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
-from clef_runtime.server.metrics import RecentRequests
+from clef_runtime.engine.decision import Decision
+from clef_runtime.engine.head_records import HeadIdentity
+from clef_runtime.protocol.systemone import SystemOneRequest, parse_request
+from clef_runtime.server.answer_metrics import (
+    MAX_CLASSIFIER_LABELS,
+    OTHER_CLASSIFIERS,
+    AnswerMetrics,
+    fused_kernels_of,
+)
+from clef_runtime.server.metrics import RecentRequests, ServerMetrics
 from tests.server.conftest import Served
-from tests.server.helpers import REQUEST, post
+from tests.server.helpers import CHOICE, NOUL, REQUEST, SCORE, post, wait_for
 
 
 def test_4xx_are_rejected_and_only_5xx_are_errors() -> None:
@@ -29,3 +46,222 @@ def test_status_json_counts_client_refusals_apart_from_server_failures(
     assert post(client, {**REQUEST, "state": FAIL_MARKER}).status_code == 500
     requests = client.get("/status.json").json()["requests"]
     assert (requests["total"], requests["rejected"], requests["errors"], requests["window"]) == (4, 2, 1, 1)
+
+
+# ------------------------------------------------------------------------------------------ decision metrics
+
+TIE = "a near tie"
+"""A state the `SetAnswers` engine answers with a near tie on every question."""
+
+
+class SetAnswers(FakeClef):
+    """Answers every question with set probabilities (reported unrounded, as the real engine does): a near
+    tie (noul 0.51, a choice 0.51 / 0.49, a score's top two 0.41 / 0.39) when the state holds `TIE`, a clear
+    answer (0.9 / 0.1, or 0.8 on a score's top level) otherwise."""
+
+    def _answer(
+        self, request: SystemOneRequest, record: FakeRecord, head: HeadIdentity | None = None
+    ) -> Decision:
+        tie = TIE in json.dumps(request.state)
+        answers: dict[str, Any] = {}
+        probabilities: list[list[float]] = []
+        for qid, question in request.questions.items():
+            if question.type == "noul":
+                p = 0.51 if tie else 0.9
+                answers[qid] = {"type": "noul", "noul": p}
+                probabilities.append([1 - p, p])
+                continue
+            count = len(question.criteria)
+            top, second = (
+                (0.41, 0.39) if tie and question.type == "score" else (0.51, 0.49) if tie else (0.8, 0.1)
+            )
+            rest = (1 - top - second) / (count - 2) if count > 2 else 0.0
+            probs = [top, second, *[rest] * (count - 2)] if count > 2 else [top, 1 - top]
+            keys = (
+                [str(k) for k in question.criteria]
+                if question.type == "choice"
+                else [str(i) for i in range(count)]
+            )
+            answers[qid] = {"type": question.type, "probabilities": dict(zip(keys, probs, strict=True))}
+            probabilities.append(probs)
+        return Decision(
+            model=request.model or self.name,
+            answers=answers,
+            input_tokens=record.input_tokens,
+            head=head,
+            probabilities=probabilities,
+        )
+
+
+def metric(client: TestClient, name: str, **labels: str) -> float:
+    """The value of the /metrics sample ``name`` with exactly ``labels`` (0 when there is none)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def answers_of(client: TestClient, classifier: str, kind: str, name: str = "clef_answers_total") -> float:
+    return metric(client, name, model="fake-clef", head="fake-clef", classifier=classifier, type=kind)
+
+
+@pytest.fixture
+def set_answers(serve_fake: Callable[..., Served]) -> Served:
+    return serve_fake(SetAnswers())
+
+
+def test_answers_are_counted_by_model_head_classifier_and_type(set_answers: Served) -> None:
+    client = set_answers.client
+    for _ in range(3):
+        assert post(client, REQUEST).status_code == 200
+    questions = {"refund": NOUL, "team": CHOICE, "urgency": SCORE, "again": NOUL}
+    assert client.put("/v1/classifiers/triage", json={"questions": questions}).status_code in (200, 201)
+    for _ in range(2):
+        assert client.post("/v1/classifiers/triage/decide", json={"state": "s"}).status_code == 200
+    # The request's free-text model names no head: the default head answers, and labels it.
+    assert post(client, {**REQUEST, "model": "anything at all"}).status_code == 200
+
+    assert [answers_of(client, "", kind) for kind in ("noul", "choice", "score")] == [4, 4, 4]
+    assert [answers_of(client, "triage", kind) for kind in ("noul", "choice", "score")] == [4, 2, 2]
+    counts = [
+        answers_of(client, classifier, kind, "clef_answer_confidence_count")
+        for classifier in ("", "triage")
+        for kind in ("noul", "choice", "score")
+    ]
+    assert sum(counts) == 4 * 3 + 2 * 4  # one observation per answered question
+    text = client.get("/metrics").text
+    assert "anything at all" not in text  # never a request's free text as a label
+    # Every answer here is clear: its confidence is the top probability, above the near-tie margin.
+    assert answers_of(client, "", "noul", "clef_answer_confidence_sum") == pytest.approx(4 * 0.9)
+    assert answers_of(client, "", "noul", "clef_near_ties_total") == 0
+
+
+def test_a_near_tie_is_counted_and_a_clear_answer_is_not(set_answers: Served) -> None:
+    client = set_answers.client
+    tie = {**REQUEST, "state": TIE}
+    assert post(client, tie).status_code == 200
+    assert [answers_of(client, "", kind, "clef_near_ties_total") for kind in ("noul", "choice", "score")] == [
+        1,
+        1,
+        1,
+    ]
+    assert post(client, REQUEST).status_code == 200  # clear: no near tie
+    assert [answers_of(client, "", kind, "clef_near_ties_total") for kind in ("noul", "choice", "score")] == [
+        1,
+        1,
+        1,
+    ]
+    assert answers_of(client, "", "noul") == 2
+
+
+def test_an_engine_without_unrounded_probabilities_is_read_from_its_answers(
+    serve_fake: Callable[..., Served],
+) -> None:
+    client = serve_fake().client  # the plain fake engine reports no probabilities
+    body = {"state": "x", "questions": {"refund": NOUL, "team": CHOICE}}
+    answers = post(client, body).json()["answers"]
+    noul = answers["refund"]["noul"]
+    assert answers_of(client, "", "noul", "clef_answer_confidence_sum") == pytest.approx(max(noul, 1 - noul))
+    confidence = answers["team"]["confidence"]
+    assert answers_of(client, "", "choice", "clef_answer_confidence_sum") == pytest.approx(confidence)
+
+
+def test_truncation_counts_the_requests_and_the_state_tokens_dropped(
+    serve_fake: Callable[..., Served],
+) -> None:
+    client = serve_fake(max_input_tokens=100).client
+    body: dict[str, Any] = {"state": "", "questions": {"q": NOUL}}
+    fixed = schema_tokens(parse_request(body))
+    dropped = []
+    for over in (7, 30):
+        body["state"] = " ".join(["w"] * (100 - fixed + over))
+        dropped.append(post(client, body).json()["x_truncated_state_tokens"])
+    body["state"] = "short"
+    assert post(client, body).json()["x_truncated_state_tokens"] == 0
+    assert dropped == [7, 30]
+    assert metric(client, "clef_truncated_state_tokens_total") == 37
+    assert metric(client, "clef_truncated_requests_total") == 2
+
+
+def test_a_batch_jobs_answers_are_counted(serve_fake: Callable[..., Served]) -> None:
+    client = serve_fake(SetAnswers()).client
+    rows = [{"custom_id": f"c{i}", "state": TIE, "questions": {"q": NOUL}} for i in range(3)]
+    created = client.post("/v1/jobs", content="\n".join(json.dumps(row) for row in rows) + "\n")
+    assert created.status_code == 202
+    wait_for(lambda: answers_of(client, "", "noul", "clef_near_ties_total") == 3)
+    assert answers_of(client, "", "noul") == 3
+
+
+def test_the_fused_kernels_are_off_on_cpu_and_say_why(serve_fake: Callable[..., Served]) -> None:
+    client = serve_fake().client
+    assert metric(client, "clef_fused_kernels", device="cpu", reason="cpu") == 0
+    assert "clef_fused_kernels{" in client.get("/metrics").text
+    assert client.get("/status.json").json()["fused_kernels"] == {
+        "in_use": False,
+        "device": "cpu",
+        "reason": "cpu",
+    }
+
+
+def _active(*flags: bool) -> Callable[[], dict[str, Any]]:
+    names = ("causal_conv1d_fn", "causal_conv1d_update", "chunk", "recurrent")
+    return lambda: {"active": dict(zip(names, flags, strict=True))}
+
+
+def _broken() -> dict[str, Any]:
+    raise ImportError("no transformers")
+
+
+@pytest.mark.parametrize(
+    ("device", "enabled", "status", "in_use", "reason"),
+    [
+        ("cuda:0", True, _active(True, True, True, True), True, "in_use"),
+        ("cuda:0", True, _active(True, True, False, False), False, "not_installed"),
+        ("cuda:0", False, _active(True, True, True, True), False, "disabled"),
+        ("cuda:0", True, _broken, False, "unknown"),
+        ("cpu", True, _active(True, True, True, True), False, "cpu"),
+    ],
+)
+def test_the_fused_kernel_status_of_a_card(
+    device: str, enabled: bool, status: Callable[[], dict[str, Any]], in_use: bool, reason: str
+) -> None:
+    card = FakeClef().card
+    card = dataclasses.replace(
+        card, device=device, options=dataclasses.replace(card.options, fused_kernels=enabled)
+    )
+    fused = fused_kernels_of(card, status)
+    assert (fused.in_use, fused.device, fused.reason) == (in_use, device, reason)
+
+
+def test_status_json_shows_per_classifier_what_metrics_shows(set_answers: Served) -> None:
+    client = set_answers.client
+    assert client.put("/v1/classifiers/triage", json={"questions": {"q": NOUL}}).status_code in (200, 201)
+    assert client.post("/v1/classifiers/triage/decide", json={"state": TIE}).status_code == 200
+    assert client.post("/v1/classifiers/triage/decide", json={"state": "clear"}).status_code == 200
+    assert post(client, REQUEST).status_code == 200
+    rows = client.get("/status.json").json()["answers"]
+    assert [row["classifier"] for row in rows] == [None, "triage"]
+    for row in rows:
+        label = row["classifier"] or ""
+        kinds = ("noul", "choice", "score")
+        assert row["answers"] == sum(answers_of(client, label, kind) for kind in kinds)
+        assert row["near_ties"] == sum(
+            answers_of(client, label, kind, "clef_near_ties_total") for kind in kinds
+        )
+        total = sum(answers_of(client, label, kind, "clef_answer_confidence_sum") for kind in kinds)
+        assert row["mean_confidence"] == pytest.approx(total / row["answers"], abs=1e-4)
+    assert (rows[1]["answers"], rows[1]["near_ties"], rows[1]["mean_confidence"]) == (2, 1, 0.705)
+
+
+def test_classifier_names_past_the_bound_share_one_label() -> None:
+    metrics = ServerMetrics()
+    decisions: AnswerMetrics = metrics.decisions
+    decision = Decision(model="m", answers={"q": {"type": "noul", "noul": 0.9}}, input_tokens=1)
+    for i in range(MAX_CLASSIFIER_LABELS + 5):
+        decisions.observe(decision, f"c{i}")
+    decisions.observe(decision, "c0")  # a name already labelled keeps its label
+    names = [row["classifier"] for row in decisions.summary()]
+    assert len(names) == MAX_CLASSIFIER_LABELS + 1 and names.count(OTHER_CLASSIFIERS) == 1
+    by_name = {row["classifier"]: row["answers"] for row in decisions.summary()}
+    assert (by_name["c0"], by_name[OTHER_CLASSIFIERS]) == (2, 5)

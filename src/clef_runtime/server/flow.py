@@ -99,6 +99,8 @@ class WireMapping(Generic[PlanT]):
     reply: Callable[[FinishedReply, PlanT], Response] | None = None
     """Send the finished body (its ``x_`` extras and headers in place) otherwise than as JSON as it is: in an
     envelope, as a stream."""
+    classifier: str = ""
+    """The saved classifier whose questions the route asks ("" for none): the answers' metrics label."""
 
 
 def _unchanged(data: Any) -> tuple[Any, None]:
@@ -192,7 +194,8 @@ async def answer_decision(
     settings = runtime.settings
     reply = Reply(context_of(request).request_id, settings.deterministic)
     answer = decision.body(deterministic=settings.deterministic)
-    finished = finish(request, mapping.from_systemone(answer, plan[0], reply), prepared, decision)
+    body = mapping.from_systemone(answer, plan[0], reply)
+    finished = finish(request, body, prepared, decision, classifier=mapping.classifier)
     return finished.as_json() if mapping.reply is None else mapping.reply(finished, plan[0])
 
 
@@ -211,7 +214,7 @@ def _ms(seconds: float) -> str:
 
 
 def finish(
-    request: Request, body: dict[str, Any], prepared: PreparedItem, decision: Decision
+    request: Request, body: dict[str, Any], prepared: PreparedItem, decision: Decision, classifier: str = ""
 ) -> FinishedReply:
     """Add the ``x_`` extras to a response body (the engine's decision, composed by `Decision.body` and
     mapped to the route's shape) and return it with the decision's headers.
@@ -224,7 +227,8 @@ def finish(
     it: ``x-queue-time`` (waiting for its first engine step), ``x-inference-time`` (from there to its
     answer), ``x-total-time`` (arrival to response), all in milliseconds, ``x-compute-tokens`` (input
     tokens), ``X-Clef-Steps`` (engine steps it took part in) and ``X-Clef-Head`` (``name@digest12``: the
-    head that computed the answers, also the body's ``x_head``).
+    head that computed the answers, also the body's ``x_head``). The answers are counted in the metrics
+    under ``classifier``, the saved classifier asked ("" for none).
     """
     runtime = runtime_of(request)
     record = prepared.record
@@ -240,11 +244,8 @@ def finish(
         if runtime.settings.latency_ms:
             out["latency_ms"] = out["x_latency_ms"]
     types = question_types(prepared)
-    for kind in types:
-        runtime.metrics.questions.labels(kind).inc()
     runtime.metrics.input_tokens.observe(record.input_tokens)
-    if record.truncated_state_tokens:
-        runtime.metrics.truncated.inc()
+    runtime.metrics.observe_answers(decision, record.truncated_state_tokens, classifier)
     replica = decision.replica or runtime.replica_id
     state_cache = decision.cache.status
     timings = decision.timings

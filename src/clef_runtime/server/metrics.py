@@ -24,8 +24,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from clef_runtime.engine.decision import RequestTimings
+from clef_runtime.engine.decision import Decision, RequestTimings
 from clef_runtime.engine.loop import StepStats
+from clef_runtime.server.answer_metrics import AnswerMetrics
 
 __all__ = ["CONTENT_TYPE", "CacheSeries", "RecentRequests", "ServerMetrics"]
 
@@ -190,6 +191,8 @@ class ServerMetrics:
         self.load_seconds = gauge("clef_model_load_seconds", "Seconds spent loading and warming the model.")
         self.recent = RecentRequests()
         """Decision requests (every POST route) for the status page."""
+        self.decisions = AnswerMetrics(counter, gauge, functools.partial(Histogram, registry=self.registry))
+        """The answers: by model, head, classifier and type, their confidence, near ties, fused kernels."""
 
     def bind_queue(self, depth: Callable[[], float], running: Callable[[], float]) -> None:
         """Read queue depth and running count from the scheduler at scrape time."""
@@ -213,6 +216,16 @@ class ServerMetrics:
         self.queue_wait.observe(timings.queue_s)
         self.compute_seconds.observe(timings.compute_s)
         self.request_steps.observe(timings.steps)
+
+    def observe_answers(self, decision: Decision, truncated_state_tokens: int, classifier: str = "") -> None:
+        """Record one answered request's answers (asked through the saved ``classifier``, "" for none) and
+        the state tokens truncation dropped from it."""
+        for answer in decision.answers.values():
+            self.questions.labels(str(answer.get("type", ""))).inc()
+        if truncated_state_tokens:
+            self.truncated.inc()
+            self.decisions.truncated_tokens.inc(truncated_state_tokens)
+        self.decisions.observe(decision, classifier)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Record one finished HTTP request."""

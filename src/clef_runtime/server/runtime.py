@@ -33,6 +33,7 @@ from clef_runtime.engine.policy import StepSettings, build_step_settings
 from clef_runtime.heap_trim import HeapTrimmer
 from clef_runtime.model.load_errors import is_out_of_memory
 from clef_runtime.protocol.errors import ClefError, InputTooLongError, RequestValidationError
+from clef_runtime.server.answer_metrics import fused_kernels_of
 from clef_runtime.server.auth import KeyChecker
 from clef_runtime.server.context import context_of
 from clef_runtime.server.engine_queries import EngineQueries, EngineQueryError
@@ -265,6 +266,7 @@ class ServerRuntime:
             self._state = "ready"
         self.metrics.ready.set(1)
         self.metrics.load_seconds.set(seconds)
+        self.metrics.decisions.model_loaded(engine.name, fused_kernels_of(engine.card))
         logger.info("model %r ready in %.1f s", engine.name, seconds)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -388,7 +390,15 @@ class ServerRuntime:
         dispatcher = self._dispatcher
         if self._state != "ready" or dispatcher is None:
             raise SchedulerClosedError("the engine is not ready")
-        return _submit(dispatcher, prepared, background=True)
+        future = _submit(dispatcher, prepared, background=True)
+        truncated = prepared.record.truncated_state_tokens
+        future.add_done_callback(lambda done: self._observe_background(done, truncated))
+        return future
+
+    def _observe_background(self, done: Future[Decision], truncated_state_tokens: int) -> None:
+        """Count a batch-job line's answers as a decision route's are counted (`flow.finish`)."""
+        if not done.cancelled() and done.exception() is None:
+            self.metrics.observe_answers(done.result(), truncated_state_tokens)
 
     def _refusal(self, status: int, error_type: str, why: str, estimate_s: float) -> ApiError:
         """A request refused for want of capacity (counted by ``error_type``), with ``Retry-After``: the

@@ -285,6 +285,11 @@ def test_the_status_page_shows_new_figures_after_a_request(watched: Watched, ser
     page.locator("#s-requests").filter(has_text=str(before + 1)).wait_for()
     assert page.locator("#s-p50").inner_text().endswith(" ms")
     assert page.locator("#s-hit-rate").inner_text() != "-"
+    # The tiny model runs on the CPU here: no fused kernels, and the page says why.
+    assert page.locator("#s-fused").inner_text() == "not in use (cpu)"
+    answered = page.locator("#s-answers tr").filter(has_text="(none)")
+    answered.wait_for()
+    assert int(answered.locator("td").nth(1).inner_text()) >= 1
     assert watched.console_errors == []
     assert watched.foreign_requests() == []
 

@@ -239,7 +239,7 @@ def decide_mapping(classifier: Classifier) -> WireMapping[None]:
     def from_systemone(answer: dict[str, Any], plan: None, reply: Reply) -> dict[str, Any]:
         return {**answer, "x_classifier": {"name": classifier.name, "version": classifier.version}}
 
-    return WireMapping(to_systemone=to_systemone, from_systemone=from_systemone)
+    return WireMapping(to_systemone=to_systemone, from_systemone=from_systemone, classifier=classifier.name)
 
 
 def unavailable_error(exc: ClassifierStoreUnavailable) -> ApiError:

@@ -203,6 +203,11 @@ _STATUS_EXAMPLE = {
     "requests": {"total": 120, "rejected": 5, "errors": 2, "window": 113, "p50_ms": 41.3, "p95_ms": 88.0},
     "state_cache": {"hits": 70, "misses": 48, "entries": 48, "bytes": 52428800, "hit_rate": 0.5932},
     "replicas": None,
+    "fused_kernels": {"in_use": True, "device": "cuda:0", "reason": "in_use"},
+    "answers": [
+        {"classifier": None, "answers": 310, "near_ties": 12, "mean_confidence": 0.8712},
+        {"classifier": "refund-triage", "answers": 96, "near_ties": 2, "mean_confidence": 0.9034},
+    ],
     "auth": True,
     "version": __version__,
     "uptime_s": 3600.0,
@@ -214,7 +219,8 @@ _STATUS_EXAMPLE = {
     summary="The status page's figures: model, device, queue, latency, state cache",
     description="What the status page (`/status`) shows: the model and where it runs, the queue, the number "
     "of decision requests since start with the p50 / p95 latency of the latest successful ones (arrival to "
-    "answer, in ms), and the state cache (`hit_rate` = hits / lookups). No API key needed.",
+    "answer, in ms), the state cache (`hit_rate` = hits / lookups), whether the fused CUDA kernels run, and "
+    "per saved classifier the questions answered, near ties and mean confidence. No API key needed.",
     responses={200: json_example("The server's figures", _STATUS_EXAMPLE)},
 )
 async def status_json(request: Request) -> JSONResponse:
@@ -226,7 +232,12 @@ async def status_json(request: Request) -> JSONResponse:
     without a state cache. ``replicas`` is null for an engine in this process; with model replicas
     (``clef serve --ray``) it holds ``up`` and ``target`` and, for each running replica that has answered,
     its id, process id and state cache (``state_cache`` is then their sum). Either is also null when the
-    cluster cannot tell within a few seconds (``/ready`` is then 503 and says why).
+    cluster cannot tell within a few seconds (``/ready`` is then 503 and says why). ``fused_kernels`` says
+    whether the fused CUDA kernels run (``reason``: ``in_use``, ``cpu``, ``disabled``, ``not_installed``,
+    ``unknown``, ``not_loaded``). ``answers`` has, per saved classifier (``classifier`` null: requests made
+    without one), the questions answered since start, the near ties among them and their mean confidence:
+    the figures of ``/metrics``' ``clef_answers_total``, ``clef_near_ties_total`` and
+    ``clef_answer_confidence``.
     """
     runtime = runtime_of(request)
     engine = runtime.engine
@@ -250,6 +261,8 @@ async def status_json(request: Request) -> JSONResponse:
             "requests": runtime.metrics.recent.summary(),
             "state_cache": _cache_figures(stats),
             "replicas": _replica_figures(replicas),
+            "fused_kernels": runtime.metrics.decisions.fused.as_api(),
+            "answers": runtime.metrics.decisions.summary(),
             "auth": runtime.keys.enabled,
             "version": __version__,
             "uptime_s": round(time.time() - _STARTED, 1),

@@ -20,12 +20,39 @@
     return parts.join(" ");
   }
 
+  function fusedKernels(fused) {
+    if (!fused) return null;
+    return fused.in_use ? "in use" : "not in use (" + fused.reason.replace(/_/g, " ") + ")";
+  }
+
+  function cell(text) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    return td;
+  }
+
+  function renderAnswers(rows) {
+    const body = document.getElementById("s-answers");
+    const fresh = (rows || []).map((row) => {
+      const tr = document.createElement("tr");
+      tr.append(
+        cell(row.classifier === null ? "(none)" : row.classifier),
+        cell(String(row.answers)),
+        cell(String(row.near_ties)),
+        cell(row.mean_confidence === null ? "-" : row.mean_confidence.toFixed(3)),
+      );
+      return tr;
+    });
+    body.replaceChildren(...fresh);
+  }
+
   function render(status) {
     showBanner(status);
     set("s-model", status.model);
     set("s-state", status.state);
     set("s-untrained", status.untrained === null ? null : status.untrained ? "no (random weights)" : "yes");
     set("s-device", status.device);
+    set("s-fused", fusedKernels(status.fused_kernels));
     set("s-weights", status.weights);
     set("s-dtype", status.compute_dtype);
     set("s-limit", status.max_input_tokens === null ? null : status.max_input_tokens + " tokens");
@@ -48,6 +75,7 @@
     set("s-entries", cache ? cache.entries : null);
     set("s-bytes", cache ? formatBytes(cache.bytes) + " of " + formatBytes(cache.capacity_bytes) : null);
     set("s-saved", cache ? cache.tokens_saved : null);
+    renderAnswers(status.answers);
   }
 
   async function refresh() {
