@@ -40,7 +40,7 @@ from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.protocol.systemone import SystemOneRequest
-from clef_runtime.scale.settings import RaySettings, split_ray_values
+from clef_runtime.scale.settings import RAY_OPTIONS, RaySettings, split_ray_values
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.runtime import Dispatcher, Engine, ServerRuntime
 from clef_runtime.server.settings import ServerSettings
@@ -533,13 +533,22 @@ def _stop() -> None:
 
 
 def app_builder(args: dict[str, Any]) -> Any:
-    """The application for ``serve run`` / ``serve deploy`` config files
-    (``import_path: clef_runtime.scale.ray_serve:app_builder``): ``args`` holds ``model`` and any server,
-    engine or scale-out option by its field name (``replicas``, ``ray_num_cpus``, ``cache_mb``, ...).
-    Raises SettingsError for a bad value, TypeError for an unknown name."""
-    from clef_runtime.server.settings import server_settings
+    """The application for ``serve run`` / ``serve deploy`` config files and KubeRay's ``serveConfigV2``
+    (``import_path: clef_runtime.scale.ray_serve:app_builder``; see ``deploy/ray-serve.yaml``): ``args``
+    holds ``model`` and any server, engine or scale-out option by its field name (``replicas``,
+    ``ray_num_cpus``, ``cache_mb``, ...). An option not in ``args`` is read from its ``CLEF_*`` variable
+    where the builder runs, as ``clef serve`` reads it (so a secret such as ``CLEF_API_KEY`` can come from a
+    pod's environment instead of the config's text); an arg beats its variable. Raises SettingsError for a
+    bad value or a missing model (naming the variable of a bad variable), TypeError for an unknown name."""
+    from clef_runtime.options import ENGINE_OPTIONS, MODEL_OPTION, read_option_values
+    from clef_runtime.server.settings import OPTIONS, SettingsError, server_settings
 
-    values = dict(args)
+    # --ray and --ray-address are how `clef serve` gets onto Ray; a config file is on Ray already.
+    scale_options = [option for option in RAY_OPTIONS if option.field not in ("ray", "ray_address")]
+    options = (MODEL_OPTION, *OPTIONS, *ENGINE_OPTIONS, *scale_options)
+    values = {**read_option_values(None, os.environ, options), **args}
+    if "model" not in values:
+        raise SettingsError("args.model is required (or set CLEF_MODEL): 'tiny', a directory or a repo id")
     model = str(values.pop("model"))
     ray_values, server_values = split_ray_values(values)
     return build_application(
