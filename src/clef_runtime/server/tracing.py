@@ -272,8 +272,10 @@ def record_decision(request: HTTPConnection, prepared: PreparedItem, decision: D
 
 def _engine_spans(trace: RequestTrace, decision: Decision) -> None:
     timings = decision.timings
-    if timings.submitted_at is None or not timings.step_times:
-        return  # an engine that does not report its moments (a scale-out replica's clock is not ours)
+    if decision.replica is not None or timings.submitted_at is None or not timings.step_times:
+        # A scale-out replica's moments are on its own process's clock (maybe another machine's); an engine
+        # without a loop reports none.
+        return
     # The loop's clock is time.monotonic: moments become epoch nanoseconds by their distance from now.
     now_ns, now = time.time_ns(), time.monotonic()
 
