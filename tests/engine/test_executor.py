@@ -50,6 +50,11 @@ def test_each_answer_returns_when_its_own_work_is_done(base: Clef) -> None:
     assert finished == ["short", "long"]  # overtaken: the short one did not wait for the long one
     assert short.result().timings.steps <= 2  # ~190 tokens in 128-token steps
     assert long.result().timings.steps > 5
+    for done in (short, long):
+        timings = done.result().timings
+        # What the server's trace spans are built from: every step's moments, and the head's share.
+        assert len(timings.step_times) == timings.steps
+        assert timings.head_s > 0
 
 
 def test_a_cancelled_request_stops_between_chunks_and_stores_nothing(base: Clef) -> None:

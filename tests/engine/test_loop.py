@@ -471,3 +471,20 @@ def test_the_wait_estimate_follows_the_measured_step_time_and_the_steps_ahead() 
     # Within a factor of two of the time the queue took to drain (on the test's clock: no real timing). The
     # old estimate, the small step's cost per token times the work ahead (one step at least), said 4.1 s.
     assert drained / 2 <= estimate <= drained * 2
+
+
+def test_timings_carry_the_submission_and_each_step_on_the_loops_clock() -> None:
+    """What the server's trace spans are placed with: the submission, then one (start, end) per step the
+    request took part in, in order, on the loop's clock; the queue and compute times agree with them."""
+    clock = ManualClock()
+    clock.now = 100.0
+    runner = TimedRunner(clock, step_s=0.25)
+    loop = EngineLoop(runner, StepSettings(max_step_tokens=128), clock=clock)
+    future = loop.submit(Item("long", 300))  # three steps of 128 tokens
+    clock.now += 1.0  # waits a second before the loop runs
+    loop.run_until_idle()
+    timings = future.result(0).timings
+    assert timings.submitted_at == 100.0
+    assert timings.step_times == ((101.0, 101.25), (101.25, 101.5), (101.5, 101.75))
+    assert timings.queue_s == pytest.approx(1.0)
+    assert timings.compute_s == pytest.approx(0.75)

@@ -37,12 +37,22 @@ class RequestTimings:
     ``queue_s``: from submission to the start of its first step; ``compute_s``: from there to its answer
     (its own steps and those of the work it shared them with); ``steps``: engine steps it took part in;
     ``backbone_tokens``: tokens it ran through the backbone (0 for an engine without a backbone count).
+
+    The moments (``submitted_at``, ``step_times``) are on the engine loop's clock (`time.monotonic` unless
+    the loop was given another): the server places its trace spans with them (`clef_runtime.server.tracing`)
+    without the engine knowing anything of tracing.
     """
 
     queue_s: float = 0.0
     compute_s: float = 0.0
     steps: int = 0
     backbone_tokens: int = 0
+    submitted_at: float | None = None
+    """When it was submitted to the loop; None where the engine does not say."""
+    step_times: tuple[tuple[float, float], ...] = ()
+    """Start and end of its work in each step it took part in, in order."""
+    head_s: float = 0.0
+    """Seconds the head took to score it (with the rows completed beside it), at the end of its last step."""
 
 
 @dataclass(frozen=True)

@@ -347,10 +347,14 @@ class StepExecutor:
                 for index, hidden in hiddens.items():
                     collect[id(batch.rows[index].work)] = hidden
             decisions = self._decide(batch, hiddens)
-        self._add_work(backbone_s=t1 - t0, head_s=time.perf_counter() - t1)
+        head_s = time.perf_counter() - t1
+        self._add_work(backbone_s=t1 - t0, head_s=head_s)
         for index in hiddens:
             del batch.rows[index]
-        return decisions
+        return {
+            index: replace(decision, timings=replace(decision.timings, head_s=head_s))
+            for index, decision in decisions.items()
+        }
 
     def _completed(self, batch: _AdmittedBatch, index: int, number: int) -> Tensor:
         """Store what row ``index`` computed (its snapshots), and return its whole hidden rows."""

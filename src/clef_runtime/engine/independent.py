@@ -115,6 +115,11 @@ def merge_decisions(request: SystemOneRequest, decisions: Sequence[Decision]) ->
             compute_s=last - first,
             steps=max(decision.timings.steps for decision in decisions),
             backbone_tokens=sum(decision.timings.backbone_tokens for decision in decisions),
+            submitted_at=min(
+                (t for d in decisions if (t := d.timings.submitted_at) is not None), default=None
+            ),
+            step_times=tuple(sorted({span for d in decisions for span in d.timings.step_times})),
+            head_s=max(decision.timings.head_s for decision in decisions),
         ),
         replica=decisions[0].replica,
         probabilities=probabilities,

@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from clef_runtime.engine.decision import Decision, RequestTimings
+from clef_runtime.engine.decision import Decision
 from clef_runtime.engine.policy import Admit, Running, Step, StepSettings, Waiting, compose_step
 
 __all__ = [
@@ -162,6 +162,8 @@ class _Entry:
     held: bool = False
     started: float | None = None
     steps: int = 0
+    step_times: list[tuple[float, float]] = field(default_factory=list)
+    """Start and end of each advance of its batch (on the loop's clock), for its timings."""
 
 
 @dataclass(eq=False)
@@ -604,6 +606,7 @@ class EngineLoop:
     def _advance(self, batch: _TrackedBatch, tokens: int) -> tuple[int, bool]:
         for entry in batch.entries.values():
             entry.steps += 1
+        began = self._clock()
         try:
             decisions = self.runner.advance(batch.handle, tokens)
         except Exception as exc:
@@ -612,14 +615,18 @@ class EngineLoop:
             self._isolate(list(batch.entries.values()), exc)
             return 0, False
         now = self._clock()
+        for entry in batch.entries.values():
+            entry.step_times.append((began, now))
         for index, decision in decisions.items():
             entry = batch.entries.pop(index)
             started = entry.started or now
-            timings = RequestTimings(
+            timings = replace(
+                decision.timings,
                 queue_s=started - entry.submitted,
                 compute_s=now - started,
                 steps=entry.steps,
-                backbone_tokens=decision.timings.backbone_tokens,
+                submitted_at=entry.submitted,
+                step_times=tuple(entry.step_times),
             )
             if entry.future.set_running_or_notify_cancel():
                 entry.future.set_result(replace(decision, timings=timings))

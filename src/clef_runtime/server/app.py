@@ -35,6 +35,7 @@ from clef_runtime.server.routes.systemone import FEATURE as SYSTEMONE
 from clef_runtime.server.routes.workers_ai import FEATURE as WORKERS_AI
 from clef_runtime.server.runtime import DispatcherFactory, EngineFactory, ServerRuntime, load_clef
 from clef_runtime.server.settings import ServerSettings
+from clef_runtime.server.tracing import start_tracing
 from clef_runtime.version import __version__
 
 __all__ = ["FEATURES", "create_app"]
@@ -101,6 +102,7 @@ def create_app(
     app; its ``state`` holds ``settings``, ``runtime`` and ``metrics``.
     """
     metrics = ServerMetrics()
+    tracing = start_tracing(settings.otlp_traces_endpoint, settings.otlp_traces_protocol)
     runtime = ServerRuntime(
         settings,
         engine_factory or load_clef,
@@ -126,6 +128,8 @@ def create_app(
         finally:
             await anyio.to_thread.run_sync(runtime.stop)
             resources.close()
+            if tracing is not None:  # the spans still buffered are exported before the process ends
+                await anyio.to_thread.run_sync(tracing.shutdown)
 
     description = "\n".join(
         [_DESCRIPTION, *(feature.description for feature in features if feature.description)]
@@ -156,7 +160,11 @@ def create_app(
         path for route in all_routes if isinstance(path := getattr(route, "path", None), str)
     )
     app.add_middleware(
-        RequestContextMiddleware, metrics=metrics, route_paths=route_paths, send_request_id=send_request_id
+        RequestContextMiddleware,
+        metrics=metrics,
+        route_paths=route_paths,
+        send_request_id=send_request_id,
+        tracing=tracing,
     )
     # Outermost: it sees the final headers and bodies, error responses and the 500 body included.
     app.add_middleware(CompressionMiddleware)

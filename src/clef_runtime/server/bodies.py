@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from clef_runtime.server.context import context_of
 from clef_runtime.server.errors import ApiError, ClientGone
 from clef_runtime.server.runtime import runtime_of
+from clef_runtime.server.tracing import phase
 
 __all__ = [
     "check_content_type",
@@ -209,7 +210,8 @@ async def read_json_body(request: Request) -> Any:
     limit = runtime.settings.max_body_bytes
     content_type = request.headers.get("content-type")
     check_content_type(content_type)
-    raw = await read_body(request, limit)
+    with phase(request, "clef.read_body"):
+        raw = await read_body(request, limit)
     encoding = request.headers.get("content-encoding")
 
     def decode() -> Any:

@@ -35,6 +35,7 @@ from clef_runtime.server.errors import (
     validation_error,
 )
 from clef_runtime.server.runtime import question_types, runtime_of
+from clef_runtime.server.tracing import phase, record_decision
 
 __all__ = [
     "CACHED_TOKENS_HEADER",
@@ -183,7 +184,8 @@ async def answer_decision(
             data = await read_json_body(request)
         body, mapped = mapping.to_systemone(data)
         plan = (mapped,)
-        prepared = await runtime.prepare(body)
+        with phase(request, "clef.encode"):
+            prepared = await runtime.prepare(body)
         decision = await runtime.decide(prepared, request)
     except ClientGone:
         return client_gone_response(request)
@@ -268,6 +270,7 @@ def finish(
     if decision.head is not None:
         headers[HEAD_HEADER] = decision.head.label
         context.head = decision.head.label
+    record_decision(request, prepared, decision)
     finished = FinishedReply(out, headers)
     if runtime.settings.log_requests:
         # The body as the JSON response renders it (a stream or an envelope carries the same answers).

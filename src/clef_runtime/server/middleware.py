@@ -16,6 +16,7 @@ from clef_runtime.server.asgi import HttpMiddleware
 from clef_runtime.server.context import RequestContext, start_context
 from clef_runtime.server.errors import error_body
 from clef_runtime.server.metrics import ServerMetrics
+from clef_runtime.server.tracing import Tracing, begin_request
 
 __all__ = ["RequestContextMiddleware"]
 
@@ -33,21 +34,31 @@ class RequestContextMiddleware(HttpMiddleware):
     ``send_request_id=False`` behind a proxy that puts the request's id on the response itself (Ray Serve's
     proxy, which also hands the id to this app in the request's x-request-id): a second header would repeat
     it. Metrics are labelled by route template: a known path (``route_paths``), or the template of the
-    matched route (the Workers AI route has path parameters), never the raw path of an unknown URL."""
+    matched route (the Workers AI route has path parameters), never the raw path of an unknown URL.
+    With ``tracing`` every request also gets a span (`clef_runtime.server.tracing`), named the same way."""
 
     def __init__(
-        self, app: ASGIApp, metrics: ServerMetrics, route_paths: frozenset[str], send_request_id: bool
+        self,
+        app: ASGIApp,
+        metrics: ServerMetrics,
+        route_paths: frozenset[str],
+        send_request_id: bool,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(app)
         self.metrics = metrics
         self.route_paths = route_paths
         self.send_request_id = send_request_id
+        self.tracing = tracing
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         incoming = _header(scope, b"x-request-id")
         request_id = incoming if incoming and _REQUEST_ID.match(incoming) else uuid.uuid4().hex
         context = start_context(scope, request_id, started)
+        # Probes and scrapes are not traced: one span each every few seconds would bury the requests.
+        quiet = scope.get("path", "") in _QUIET_ROUTES
+        trace = begin_request(None if quiet else self.tracing, scope, request_id)
         status: list[int] = []
 
         async def send_with_context(message: Message) -> None:
@@ -86,6 +97,8 @@ class RequestContextMiddleware(HttpMiddleware):
             code = status[0] if status else 500
             self.metrics.observe_request(label, scope.get("method", ""), code, elapsed)
             _log_request(scope, context, label, code, elapsed)
+            if trace is not None:
+                trace.finish(label, code)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -35,6 +35,7 @@ from clef_runtime.options import (
     read_option_values,
 )
 from clef_runtime.server.auth import parse_key
+from clef_runtime.server.tracing import PROTOCOLS, check_endpoint, exporters_installed, missing_extra_message
 
 __all__ = [
     "DEFAULT_PORT",
@@ -152,6 +153,11 @@ class ServerSettings:
     classifiers_db: str | None = None
     """The saved classifiers' database (SQLite); None: ``classifiers.sqlite3`` in the user data directory,
     whatever ``jobs_db`` says."""
+    otlp_traces_endpoint: str | None = None
+    """Where OpenTelemetry traces go (OTLP); None: the standard ``OTEL_EXPORTER_OTLP_*`` variables decide
+    (`clef_runtime.server.tracing`), off without them."""
+    otlp_traces_protocol: str | None = None
+    """``http/protobuf`` or ``grpc``; None: ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``, else http/protobuf."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
 
@@ -200,6 +206,7 @@ class ServerSettings:
         problems.extend(self._network_problems())
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             problems.append(f"--log-level must be critical/error/warning/info/debug, got {self.log_level!r}")
+        problems.extend(self._tracing_problems())
         if problems:
             raise SettingsError("; ".join(problems))
 
@@ -231,6 +238,22 @@ class ServerSettings:
                     f"https://app.example.com, or *{hint}"
                 )
         return problems
+
+    def _tracing_problems(self) -> list[str]:
+        """A bad ``--otlp-traces-endpoint`` or protocol, or tracing asked for without the ``otel`` extra."""
+        if self.otlp_traces_protocol is not None and self.otlp_traces_protocol not in PROTOCOLS:
+            return [
+                f"--otlp-traces-protocol must be {' or '.join(PROTOCOLS)}, got {self.otlp_traces_protocol!r}"
+            ]
+        if self.otlp_traces_endpoint is None:
+            return []
+        try:
+            check_endpoint(self.otlp_traces_endpoint)
+        except ValueError as exc:
+            return [f"--otlp-traces-endpoint: {exc}"]
+        if not exporters_installed(self.otlp_traces_protocol or "http/protobuf"):
+            return [missing_extra_message()]
+        return []
 
     @property
     def max_length(self) -> int:
@@ -579,6 +602,25 @@ OPTIONS: tuple[Option, ...] = (
         "also report the server time as a top-level latency_ms in responses, where "
         "systemone-client reads it (off by default: jevcompat wants extra fields x_-prefixed)",
         kind="bool",
+    ),
+    Option(
+        "otlp_traces_endpoint",
+        "--otlp-traces-endpoint",
+        "CLEF_OTLP_TRACES_ENDPOINT",
+        check_endpoint,
+        "send OpenTelemetry traces (a span per request, children for body read, encode, queue, steps and "
+        "head) to this OTLP endpoint, e.g. http://127.0.0.1:4318 (a URL without a path gets /v1/traces); the "
+        "standard OTEL_EXPORTER_OTLP_* variables also turn it on (needs the 'otel' extra; default off)",
+        "URL",
+    ),
+    Option(
+        "otlp_traces_protocol",
+        "--otlp-traces-protocol",
+        "CLEF_OTLP_TRACES_PROTOCOL",
+        parse_lower,
+        "OTLP transport of the traces: http/protobuf or grpc (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or "
+        "OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf)",
+        "PROTO",
     ),
     Option(
         "log_level",
