@@ -50,6 +50,7 @@ LONG_FILES_FIRST = (
     "tests/server/routes/test_conformance.py",
     "tests/test_cli.py",
     "tests/reliability/test_faults.py",
+    "tests/scale/test_serve_config.py",
     "tests/server/jobs/test_jobs_ownership.py",
     "tests/engine/test_clef.py",
     "tests/test_mcp_command.py",

@@ -37,6 +37,7 @@ from clef_runtime.serve_command import (
 )
 from clef_runtime.server import app as app_module
 from clef_runtime.server.settings import ServerSettings, settings_from_namespace
+from clef_runtime.server.tracing import check_endpoint
 
 # A valid non-default value per option: (flag arguments, environment value, expected field value).
 SAMPLES: dict[str, tuple[list[str], str, Any]] = {
@@ -48,6 +49,12 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "ssl_certfile": (["--ssl-certfile", "/tls/server.crt"], "/tls/server.crt", "/tls/server.crt"),
     "ssl_keyfile": (["--ssl-keyfile", "/tls/server.key"], "/tls/server.key", "/tls/server.key"),
     "ssl_ca_certs": (["--ssl-ca-certs", "/tls/ca.pem"], "/tls/ca.pem", "/tls/ca.pem"),
+    "otlp_traces_endpoint": (
+        ["--otlp-traces-endpoint", "http://127.0.0.1:4318"],
+        "http://127.0.0.1:4318",
+        "http://127.0.0.1:4318",
+    ),
+    "otlp_traces_protocol": (["--otlp-traces-protocol", "grpc"], "grpc", "grpc"),
     "cors_origins": (
         ["--cors-origin", "https://app.example", "--cors-origin", "http://b.example:8080"],
         "https://app.example, http://b.example:8080",
@@ -308,7 +315,7 @@ PARSED_OPTIONS = [
 
 
 def test_the_parsed_options_cover_every_parser() -> None:
-    parsers = {parse_int, parse_float, parse_size, parse_bool, parse_lower, str.strip, float}
+    parsers = {parse_int, parse_float, parse_size, parse_bool, parse_lower, str.strip, float, check_endpoint}
     assert {option.parse for option in PARSED_OPTIONS} == parsers
 
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import yaml
 from clef_runtime.scale import ray_serve
 from clef_runtime.scale.settings import RaySettings
 from clef_runtime.server.settings import ServerSettings, SettingsError
-from tests.scale.test_ray_serve import decide, one_ray_cluster_at_a_time, ray_processes
+from tests.scale.test_ray_serve import RayServer, decide, one_ray_cluster_at_a_time, ray_processes
 from tests.server.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,16 +34,6 @@ SERVE_RUN_ON_LOOPBACK = (
 )
 
 
-@dataclass
-class ServeRun:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def log_tail(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-
 def config_on_port(directory: Path, port: int) -> Path:
     """A copy of the committed config with only its HTTP port changed (8000 may be taken on this machine)."""
     config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
@@ -54,10 +43,10 @@ def config_on_port(directory: Path, port: int) -> Path:
     return copy
 
 
-def wait_until_ready(server: ServeRun, replicas: int) -> None:
+def wait_until_ready(server: RayServer, replicas: int) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        assert server.process.poll() is None, server.log_tail()
+        assert server.process.poll() is None, server.log_text()[-4000:]
         try:
             ready = httpx.get(server.url + "/ready", timeout=5)
             if ready.status_code == 200 and ready.json()["replicas"]["up"] == replicas:
@@ -65,11 +54,11 @@ def wait_until_ready(server: ServeRun, replicas: int) -> None:
         except httpx.TransportError:
             pass
         time.sleep(1)
-    raise AssertionError(f"not ready within 300 s:\n{server.log_tail()}")
+    raise AssertionError(f"not ready within 300 s:\n{server.log_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
-def serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
+def serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
     with one_ray_cluster_at_a_time():
         assert not ray_processes(), "Ray is already running on this machine"
         directory = tmp_path_factory.mktemp("serve-config")
@@ -96,7 +85,7 @@ def serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
                 start_new_session=True,  # Ctrl-C from the test reaches `serve run` only
             )
         try:
-            server = ServeRun(process, f"http://127.0.0.1:{http_port}", log)
+            server = RayServer(process, f"http://127.0.0.1:{http_port}", log)
             wait_until_ready(server, replicas=2)
             yield server
         finally:
@@ -109,7 +98,7 @@ def serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
 
 
 @pytest.mark.slow
-def test_serve_run_serves_the_committed_config(serve_run: ServeRun) -> None:
+def test_serve_run_serves_the_committed_config(serve_run: RayServer) -> None:
     # The replicas of the config's args are up: /ready counted the deployment's two.
     models = httpx.get(serve_run.url + "/v1/models", timeout=30)
     assert models.status_code == 200, models.text
@@ -126,7 +115,7 @@ def test_serve_run_serves_the_committed_config(serve_run: ServeRun) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_leaves_no_ray_process(serve_run: ServeRun) -> None:
+def test_ctrl_c_leaves_no_ray_process(serve_run: RayServer) -> None:
     # Runs last in this module: stops what the fixture started, as a user would.
     serve_run.process.send_signal(signal.SIGINT)
     serve_run.process.wait(120)
@@ -134,7 +123,7 @@ def test_ctrl_c_leaves_no_ray_process(serve_run: ServeRun) -> None:
     while ray_processes():
         assert time.monotonic() < deadline, ray_processes()
         time.sleep(1)
-    assert "Traceback" not in serve_run.log_tail(), serve_run.log_tail()
+    assert "Traceback" not in serve_run.log_text()[-4000:], serve_run.log_text()[-4000:]
 
 
 def test_app_builder_reads_the_options_args_leave_out_from_clef_variables(
