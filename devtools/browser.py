@@ -6,11 +6,6 @@ Used by tests/server/pages/test_pages_browser.py and scripts/screenshots.py.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +19,7 @@ from fastapi import FastAPI
 
 from clef_runtime.server.app import create_app
 from clef_runtime.server.settings import ServerSettings
+from devtools.apt import PackageMissing, ensure_commands
 from devtools.harness import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -40,41 +36,16 @@ CHROMIUM_ARGS = [
 requests are the page's."""
 
 
-class ChromiumMissing(RuntimeError):
-    """Chromium is not installed and could not be installed here."""
+ChromiumMissing = PackageMissing
+"""Chromium is not installed and could not be installed here."""
 
 
 def ensure_chromium() -> Path:
     """Return the path of Debian's chromium, installing the ``chromium`` package with apt-get first when it
-    is missing and we are root (``apt-get update`` only if the first install fails).
-
-    Raises :class:`ChromiumMissing` saying what to run when it is missing and cannot be installed.
-    """
-    if CHROMIUM.exists():
-        return CHROMIUM
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ChromiumMissing(
-            f"{CHROMIUM} is missing: install Debian's chromium (sudo apt-get install -y chromium); the "
-            "browser tests never download a browser"
-        )
-    # Parallel test workers (pytest -n) would run apt-get at once, and all but one would fail on dpkg's lock.
-    with open(Path(tempfile.gettempdir()) / "clef-tests-chromium.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not CHROMIUM.exists():  # installed by another worker while this one waited
-            _apt_install_chromium()
+    is missing and we are root. Raises :class:`ChromiumMissing` saying what to run when it cannot be."""
     if not CHROMIUM.exists():
-        raise ChromiumMissing(f"apt-get installed chromium but {CHROMIUM} is still missing")
+        ensure_commands([str(CHROMIUM)], ["chromium"])
     return CHROMIUM
-
-
-def _apt_install_chromium() -> None:
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ChromiumMissing(f"apt-get install chromium failed:\n{done.stderr[-2000:]}")
 
 
 @contextmanager

@@ -46,6 +46,7 @@ configure_cpu_threads()
 LONG_FILES_FIRST = (
     "tests/reliability/test_schemathesis.py",
     "tests/scale/test_ray_serve.py",
+    "tests/deploy/test_container_image.py",
     "tests/reliability/test_overload.py",
     "tests/server/routes/test_conformance.py",
     "tests/test_cli.py",

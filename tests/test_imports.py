@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 # the engine's background lane) sits with the engine; evaluation
 # (measuring a loaded engine on labelled cases) and tuning (training a head on them) sit with the server.
 # scale (Ray Serve replicas and routing) is built from the server's runtime, above it: the server never knows
-# how it is scaled out. The entry points (the CLI, the serve command, the quick bench) are on top.
+# how it is scaled out. The entry points (the CLI, the serve command, the quick bench, the health probe) are
+# on top.
 RANKS = {
     "version": 0,
     "options": 0,
@@ -44,6 +45,7 @@ RANKS = {
     "cli": 8,
     "serve_command": 8,
     "mcp_command": 8,
+    "probe": 8,
     "bench": 8,
     "": 8,
 }

@@ -39,6 +39,9 @@ from clef_runtime.server import app as app_module
 from clef_runtime.server.settings import ServerSettings, settings_from_namespace
 from clef_runtime.server.tracing import check_endpoint
 
+KEY_FILE = str(Path(__file__).parent / "server" / "data" / "api-keys.txt")
+"""A key file: the sample of --api-key-file (the settings read it)."""
+
 # A valid non-default value per option: (flag arguments, environment value, expected field value).
 SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "model": (["--model", "tiny"], "tiny", "tiny"),
@@ -46,6 +49,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "port": (["--port", "9000"], "9000", 9000),
     "api_keys": (["--api-key", "a", "--api-key", "b"], "a, b", ("a", "b")),
     "allow_unauthenticated": (["--allow-unauthenticated"], "1", True),
+    "api_key_file": (["--api-key-file", KEY_FILE], KEY_FILE, KEY_FILE),
     "ssl_certfile": (["--ssl-certfile", "/tls/server.crt"], "/tls/server.crt", "/tls/server.crt"),
     "ssl_keyfile": (["--ssl-keyfile", "/tls/server.key"], "/tls/server.key", "/tls/server.key"),
     "ssl_ca_certs": (["--ssl-ca-certs", "/tls/ca.pem"], "/tls/ca.pem", "/tls/ca.pem"),
@@ -336,6 +340,7 @@ def test_a_bad_value_names_its_flag_and_what_it_expects_not_our_parser(
     [
         (["--host", "0.0.0.0", "--api-key", "k"], {}),
         (["--host", "0.0.0.0", "--allow-unauthenticated"], {}),
+        (["--host", "0.0.0.0", "--api-key-file", KEY_FILE], {}),
         ([], {"CLEF_HOST": "0.0.0.0", "CLEF_ALLOW_UNAUTHENTICATED": "1"}),
         (["--host", "127.0.0.2"], {}),
         (["--host", "::1"], {}),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from clef_runtime.server.auth import NamedKey, parse_key
+from clef_runtime.server.settings import SettingsError, server_settings
 from tests.server.conftest import Served
 from tests.server.helpers import REQUEST, assert_error_shape, post
 
@@ -80,3 +83,37 @@ def test_a_value_with_a_colon_is_name_and_key_and_a_bad_name_is_refused_without_
         assert "s3cret" not in str(info.value)
     with pytest.raises(ValueError, match="empty"):
         parse_key("alice:", 1)
+
+
+def test_keys_from_a_key_file_are_accepted_beside_the_flags_keys(
+    serve_fake: Callable[..., Served], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# mounted from a secret\nalice:from-file\n\n  bare-from-file  \n", encoding="utf-8")
+    served = serve_fake(api_keys=("flag-key",), api_key_file=str(keys))
+    assert served.settings.accepted_api_keys == ("flag-key", "alice:from-file", "bare-from-file")
+    for key in ("flag-key", "from-file", "bare-from-file"):
+        assert post(served.client, REQUEST, headers={"authorization": f"Bearer {key}"}).status_code == 200
+    for key in ("alice:from-file", "# mounted from a secret", ""):
+        assert post(served.client, REQUEST, headers={"x-api-key": key}).status_code == 401
+    assert "from-file" not in str(served.settings.redacted())
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        ("", "holds no key"),
+        ("# only a comment\n\n", "holds no key"),
+        ("bad name:k\n", "the name 'bad name' is not one"),
+    ],
+)
+def test_a_key_file_that_is_missing_empty_or_malformed_is_refused(
+    content: str | None, needle: str, tmp_path: Path
+) -> None:
+    # An empty secret must not silently turn auth off.
+    path = tmp_path / "keys"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(SettingsError, match=re.escape(needle)):
+        server_settings("tiny", api_key_file=str(path))

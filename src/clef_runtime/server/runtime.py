@@ -174,7 +174,7 @@ class ServerRuntime:
         self._dispatcher_factory = dispatcher_factory or local_engine_loop
         self.replica_id = f"{socket.gethostname()}:{settings.port}"
         """This process's replica id (``X-Clef-Replica``): stable for the server's address."""
-        self.keys = KeyChecker(settings.api_keys)
+        self.keys = KeyChecker(settings.accepted_api_keys)
         self.admin_keys = KeyChecker(settings.admin_keys)
         """The keys of the admin routes (``/v1/heads`` changes); none configured: those routes are 404."""
         rate = settings.rate_limit

@@ -47,6 +47,7 @@ __all__ = [
     "is_loopback",
     "parse_bool",
     "parse_size",
+    "read_key_file",
     "server_settings",
     "settings_from_namespace",
 ]
@@ -96,6 +97,9 @@ class ServerSettings:
     port: int = DEFAULT_PORT
     api_keys: tuple[str, ...] = ()
     """Accepted keys (``NAME:KEY`` names one; see `clef_runtime.server.auth`); empty means auth is off."""
+    api_key_file: str | None = None
+    """A file of API keys (a mounted secret), one per line; read when the settings are built, its keys join
+    ``api_keys`` in `accepted_api_keys`."""
     allow_unauthenticated: bool = False
     """Serve a non-loopback ``host`` without an API key (something in front authenticates); without it
     such settings are refused."""
@@ -160,9 +164,16 @@ class ServerSettings:
     """``http/protobuf`` or ``grpc``; None: ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``, else http/protobuf."""
     engine: EngineOptions = field(default_factory=EngineOptions)
     """The engine's options (``Clef.load``); its ``max_length`` is the encoder's maximum sequence length."""
+    file_api_keys: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    """The keys read from ``api_key_file`` (set by the settings themselves)."""
 
     def __post_init__(self) -> None:
         problems = []
+        if self.api_key_file is not None:
+            try:
+                object.__setattr__(self, "file_api_keys", read_key_file(self.api_key_file))
+            except ValueError as exc:
+                problems.append(str(exc))
         if not self.model:
             problems.append("--model is required (or set CLEF_MODEL)")
         if not 0 <= self.port <= 65535:
@@ -185,7 +196,7 @@ class ServerSettings:
         if self.rate_burst is not None and self.rate_limit is None:
             # A burst alone would be silently ignored: there is no bucket without a rate.
             problems.append("--rate-burst needs --rate-limit (the burst is the size of the rate's bucket)")
-        problems.extend(_key_problems(self.api_keys))
+        problems.extend(_key_problems(self.accepted_api_keys))
         problems.extend(_key_problems(self.admin_keys, "--admin-key"))
         if self.queue_timeout_ms is not None and self.queue_timeout_ms < 1:
             problems.append(f"--queue-timeout-ms must be at least 1, got {self.queue_timeout_ms}")
@@ -193,13 +204,13 @@ class ServerSettings:
             problems.append(f"--max-input-tokens must be at least 1, got {self.max_input_tokens}")
         if self.on_overflow not in ("truncate", "reject"):
             problems.append(f"--on-overflow must be 'truncate' or 'reject', got {self.on_overflow!r}")
-        if any(not key or not key.isprintable() or key != key.strip() for key in self.api_keys):
+        if any(not key or not key.isprintable() or key != key.strip() for key in self.accepted_api_keys):
             problems.append("--api-key values must be non-empty printable strings without surrounding spaces")
         if any(not key or not key.isprintable() or key != key.strip() for key in self.admin_keys):
             problems.append(
                 "--admin-key values must be non-empty printable strings without surrounding spaces"
             )
-        if _shared_secrets(self.api_keys, self.admin_keys):
+        if _shared_secrets(self.accepted_api_keys, self.admin_keys):
             problems.append(
                 "--admin-key must differ from every --api-key (an API key must not unlock the admin routes)"
             )
@@ -214,7 +225,7 @@ class ServerSettings:
         """What is wrong with the address, TLS and CORS settings (the files themselves are read at start:
         `clef_runtime.server.tls`)."""
         problems = []
-        if not self.api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
+        if not self.accepted_api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
             shown = self.host or "''"
             problems.append(
                 f"--host {shown} serves other machines and no --api-key is set: anyone who can "
@@ -316,7 +327,12 @@ class ServerSettings:
     @property
     def auth_enabled(self) -> bool:
         """True when at least one API key is configured."""
-        return bool(self.api_keys)
+        return bool(self.accepted_api_keys)
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """Every API key the server accepts: ``api_keys``, then those of ``api_key_file``."""
+        return self.api_keys + self.file_api_keys
 
     def engine_options(self) -> EngineOptions:
         """The options ``Clef.load`` gets: ``engine`` with ``max_length`` lowered to the input limit."""
@@ -326,8 +342,26 @@ class ServerSettings:
         """The settings as a dict for logs, with API and admin keys replaced by their count."""
         out = dataclasses.asdict(self)
         out["api_keys"] = f"<{len(self.api_keys)} key(s)>"
+        out["file_api_keys"] = f"<{len(self.file_api_keys)} key(s)>"
         out["admin_keys"] = f"<{len(self.admin_keys)} key(s)>"
         return out
+
+
+def read_key_file(path: str) -> tuple[str, ...]:
+    """The keys of an ``--api-key-file``: one per line (``NAME:KEY`` or a bare key), surrounding spaces,
+    blank lines and ``#`` comment lines left out. Raises ValueError naming the flag and the file when it
+    cannot be read or holds no key: an empty secret must not turn auth off."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"--api-key-file {path}: cannot be read ({reason})") from None
+    keys = tuple(
+        line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    )
+    if not keys:
+        raise ValueError(f"--api-key-file {path} holds no key (one per line, NAME:KEY or KEY)")
+    return keys
 
 
 def _key_problems(values: tuple[str, ...], flag: str = "--api-key") -> list[str]:
@@ -384,6 +418,15 @@ OPTIONS: tuple[Option, ...] = (
         "or 'X-API-Key'. Default: auth off",
         "KEY",
         kind="append",
+    ),
+    Option(
+        "api_key_file",
+        "--api-key-file",
+        "CLEF_API_KEY_FILE",
+        str,
+        "also require the API keys of this file, one per line (NAME:KEY or KEY; # comments): a mounted "
+        "secret, kept out of the environment and the command line. An empty file is an error",
+        "PATH",
     ),
     Option(
         "allow_unauthenticated",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devtools import browser
+from devtools import apt, browser
 
 
 def _fake_apt(monkeypatch: pytest.MonkeyPatch, target: Path, fail_first: bool) -> list[list[str]]:
@@ -24,9 +24,9 @@ def _fake_apt(monkeypatch: pytest.MonkeyPatch, target: Path, fail_first: bool) -
         return subprocess.CompletedProcess(cmd, 0 if ok else 100, "", "" if ok else "E: Unable to locate")
 
     monkeypatch.setattr(browser, "CHROMIUM", target)
-    monkeypatch.setattr(browser.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(browser.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(browser.subprocess, "run", run)
+    monkeypatch.setattr(apt.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(apt.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(apt.subprocess, "run", run)
     return calls
 
 
@@ -53,7 +53,7 @@ def test_without_root_a_missing_chromium_fails_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(browser, "CHROMIUM", tmp_path / "chromium")
-    monkeypatch.setattr(browser.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(apt.os, "geteuid", lambda: 1000)
     with pytest.raises(browser.ChromiumMissing, match="apt-get install -y chromium"):
         browser.ensure_chromium()
 
@@ -62,5 +62,5 @@ def test_an_installed_chromium_is_used_as_it_is(monkeypatch: pytest.MonkeyPatch,
     target = tmp_path / "chromium"
     target.write_text("#!/bin/sh\n")
     monkeypatch.setattr(browser, "CHROMIUM", target)
-    monkeypatch.setattr(browser.subprocess, "run", lambda *a, **k: pytest.fail("apt-get must not run"))
+    monkeypatch.setattr(apt.subprocess, "run", lambda *a, **k: pytest.fail("apt-get must not run"))
     assert browser.ensure_chromium() == target
