@@ -113,12 +113,12 @@ def test_the_replicas_span_is_a_child_of_the_ingress_request_span(
         "clef.encode",
         "clef.replica",
     }
-    _check_within(on_replica, engine)
+    check_engine_spans(on_replica, engine)
     assert ingress.start_time_unix_nano <= on_replica.start_time_unix_nano
     assert on_replica.end_time_unix_nano <= ingress.end_time_unix_nano
 
 
-def _check_within(parent: Span, children: list[Span]) -> None:
+def check_engine_spans(parent: Span, children: list[Span]) -> None:
     """Every child inside its parent, the queue before the steps, the head at the end of the last step."""
     for child in children:
         assert parent.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano
