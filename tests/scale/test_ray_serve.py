@@ -1,7 +1,8 @@
 """`clef serve --ray` on a local 2-replica Ray Serve cluster of the tiny model (a real server process with a
 local Ray head on 127.0.0.1), one cluster for the whole module: state affinity, spreading, every info and
 page route, the state cache on /metrics, a clean log, a replica killed with a request in flight on it (its
-replacement then serves and builds its own state cache), a clean stop."""
+replacement then serves and builds its own state cache), a clean stop, and a decision's trace across the
+ingress and its replica (tracing on for the whole module, its spans exported when the server stops)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,19 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.scale.test_replica_tracing import check_engine_spans
 from tests.server.conftest import free_port
+from tests.server.helpers import REQUEST
+from tests.server.test_tracing import (
+    PARENT_ID,
+    TRACE_ID,
+    TRACEPARENT,
+    Received,
+    _attributes,
+    otlp_http_receiver,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -97,19 +109,33 @@ def one_ray_cluster_at_a_time() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
+def otlp_receiver() -> Iterator[tuple[str, Received]]:
+    """The OTLP/HTTP receiver the module's server traces to (it outlives the server)."""
+    with otlp_http_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def ray_server(
+    tmp_path_factory: pytest.TempPathFactory, otlp_receiver: tuple[str, Received]
+) -> Iterator[RayServer]:
     with one_ray_cluster_at_a_time():
-        yield from _started_ray_server(tmp_path_factory)
+        yield from _started_ray_server(tmp_path_factory, otlp_receiver[0])
 
 
-def _started_ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
+def _started_ray_server(tmp_path_factory: pytest.TempPathFactory, traces_url: str) -> Iterator[RayServer]:
     assert not ray_processes(), "Ray is already running on this machine"
     port = free_port()
     directory = tmp_path_factory.mktemp("ray")
     log = directory / "serve.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    # This checkout's package, not the one the virtual environment installed (another checkout's, maybe).
+    pythonpath = os.pathsep.join([str(REPO / "src"), str(REPO)])
+    env = {**os.environ, "PYTHONPATH": pythonpath, "RAY_USAGE_STATS_ENABLED": "0"}
     for name in ("RAY_COLOR_PREFIX", "RAY_DEDUP_LOGS"):  # the server's own defaults are under test
         env.pop(name, None)
+    # Spans wait in the exporters' buffers until the server stops (a standard SDK variable, which must reach
+    # the ingress's and replicas' processes): the stop is what exports them.
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "600000"
     command = [
         sys.executable,
         "-m",
@@ -121,7 +147,10 @@ def _started_ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ra
         "--model",
         "tiny",
     ]
-    options = ["--port", str(port), "--cache-mb", "64", "--jobs-db", str(directory / "jobs.sqlite3")]
+    options = [
+        *("--port", str(port), "--cache-mb", "64", "--jobs-db", str(directory / "jobs.sqlite3")),
+        *("--otlp-traces-endpoint", traces_url),
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [*command, *options],
@@ -321,8 +350,14 @@ def test_a_replica_killed_with_a_request_in_flight_loses_no_request(ray_server: 
     assert second.headers["x-clef-replica"] == replacement
 
 
-def test_sigterm_stops_every_process_it_started(ray_server: RayServer) -> None:
+def test_sigterm_stops_every_process_it_started_and_its_replicas_spans_join_the_callers_trace(
+    ray_server: RayServer, otlp_receiver: tuple[str, Received]
+) -> None:
     # Runs last in this module (pytest keeps file order): the fixture's server goes away here.
+    traced = httpx.post(
+        ray_server.url + "/v1/systemone", json=REQUEST, headers={"traceparent": TRACEPARENT}, timeout=240
+    )
+    assert traced.status_code == 200, traced.text
     ray_server.process.send_signal(signal.SIGTERM)
     assert ray_server.process.wait(120) == 0
     deadline = time.monotonic() + 60
@@ -333,3 +368,23 @@ def test_sigterm_stops_every_process_it_started(ray_server: RayServer) -> None:
     assert "clef_runtime.scale: stopped" in log
     assert "graceful_shutdown failed" not in log and "did not stop cleanly" not in log
     assert "\x1b[" not in log
+    _check_trace_across_processes(otlp_receiver[1].spans, traced.headers["x-clef-replica"])
+
+
+def _check_trace_across_processes(spans: list[Span], replica: str) -> None:
+    """The ingress's request span is the caller's span's child; the replica's span is the request span's
+    child, in the same trace (exactly: a context that did not reach the replica would leave its span in a
+    trace of its own, or none); the replica's queue, steps and head are its children, inside it."""
+    (ingress,) = [s for s in spans if s.trace_id.hex() == TRACE_ID and s.name == "POST /v1/systemone"]
+    assert ingress.parent_span_id.hex() == PARENT_ID
+    on_replicas = [s for s in spans if s.name == "clef.replica" and s.trace_id.hex() == TRACE_ID]
+    (on_replica,) = on_replicas
+    assert on_replica.parent_span_id == ingress.span_id
+    assert _attributes(on_replica.attributes)["clef.replica"] == replica
+    # Clocks of one machine: the replica's span lies inside the ingress's.
+    assert ingress.start_time_unix_nano <= on_replica.start_time_unix_nano
+    assert on_replica.end_time_unix_nano <= ingress.end_time_unix_nano
+    engine = [s for s in spans if s.parent_span_id == on_replica.span_id]
+    assert {s.name for s in engine} == {"clef.queue", "clef.step", "clef.head"}
+    assert all(s.trace_id.hex() == TRACE_ID for s in engine)
+    check_engine_spans(on_replica, engine)

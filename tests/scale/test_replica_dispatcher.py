@@ -35,7 +35,16 @@ class TimingOutReplica:
         self.waits: list[float] = []
         self.decide = SimpleNamespace(remote=self._remote)
 
-    def _remote(self, prepared: Any, *, state_key: str, background: bool, waited_s: float) -> Outcome:
+    def _remote(
+        self,
+        prepared: Any,
+        *,
+        state_key: str,
+        background: bool,
+        waited_s: float,
+        trace_context: dict[str, str] | None,
+    ) -> Outcome:
+        assert trace_context is None  # the request is not traced
         self.waits.append(waited_s)
         return Outcome(ReplicaAnswer(REPORT, timeout=(waited_s + 0.25, 0.25, 3.0)))
 

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,8 @@ def _attributes(pairs: Any) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture
-def http_receiver() -> Iterator[tuple[str, Received]]:
+@contextmanager
+def otlp_http_receiver() -> Iterator[tuple[str, Received]]:
     """An OTLP/HTTP receiver: POST /v1/traces with a protobuf body; yields its base URL."""
     received = Received()
 
@@ -84,9 +85,17 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", received
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[tuple[str, Received]]:
+    with otlp_http_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ Two deployments form one Ray Serve application:
 
 A request in flight on a replica that dies is retried once on another (decisions have no side effects);
 Ray Serve replaces the replica. Every answer carries its replica's report (process id, state-cache
-counters), which the ingress keeps for ``/status.json`` and ``/metrics``. Without ``--ray-address`` a local
+counters), which the ingress keeps for ``/status.json`` and ``/metrics``. With tracing on, each request
+carries its span's W3C trace context to the replica, which exports its own ``clef.replica`` span and the
+engine's spans under it. Without ``--ray-address`` a local
 Ray head is started on 127.0.0.1 and everything it started is stopped on SIGTERM/SIGINT.
 """
 
@@ -27,6 +29,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +47,7 @@ from clef_runtime.scale.settings import RAY_OPTIONS, RaySettings, split_ray_valu
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.runtime import Dispatcher, Engine, ServerRuntime
 from clef_runtime.server.settings import ServerSettings
+from clef_runtime.server.tracing import Tracing, record_replica, start_tracing, trace_context
 
 __all__ = [
     "IngressEngine",
@@ -253,7 +257,9 @@ class ReplicaDispatcher:
             if self._in_flight >= self.max_queue:
                 raise QueueFullError(self._in_flight, 1.0)
             self._in_flight += 1
-        future = self._pool.submit(self._call, payload, background, time.monotonic() - waited_s)
+        # Read here, on the request's task: the dispatch thread does not see the request's trace.
+        context = trace_context()
+        future = self._pool.submit(self._call, payload, background, time.monotonic() - waited_s, context)
         future.add_done_callback(lambda _: self._done())
         return future
 
@@ -261,7 +267,9 @@ class ReplicaDispatcher:
         with self._lock:
             self._in_flight -= 1
 
-    def _call(self, prepared: Any, background: bool, arrived: float) -> Decision:
+    def _call(
+        self, prepared: Any, background: bool, arrived: float, context: dict[str, str] | None
+    ) -> Decision:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         # The prepared request itself travels (no second encoding on the replica); the router reads the key.
@@ -270,7 +278,7 @@ class ReplicaDispatcher:
             try:
                 waited = time.monotonic() - arrived
                 response = self.handle.decide.remote(
-                    prepared, state_key=key, background=background, waited_s=waited
+                    prepared, state_key=key, background=background, waited_s=waited, trace_context=context
                 )
                 answer: ReplicaAnswer = response.result()
                 self.reports.add(answer.report)
@@ -328,7 +336,10 @@ def _load_on_a_passing_thread(settings: ServerSettings) -> Any:
 
 
 class ClefModel:
-    """One model replica: a Clef engine with its own engine loop and state cache."""
+    """One model replica: a Clef engine with its own engine loop and state cache, and its own tracer when
+    the settings (or the replica's ``OTEL_EXPORTER_OTLP_*`` variables) turn tracing on."""
+
+    tracing: Tracing | None = None
 
     def __init__(self, settings: ServerSettings, threads: int | None = None) -> None:
         from ray import serve
@@ -354,6 +365,8 @@ class ClefModel:
         )
         self.loop.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        # One provider per replica process: its spans carry moments of this process's clock.
+        self.tracing = start_tracing(settings.otlp_traces_endpoint, settings.otlp_traces_protocol)
 
     def describe(self) -> ReplicaDescription:
         """What the ingress's engine needs to describe the model (`IngressEngine`), and this replica's
@@ -365,12 +378,19 @@ class ClefModel:
         return ReplicaReport(self.replica_id, os.getpid(), self.engine.cache_stats())
 
     async def decide(
-        self, prepared: Any, state_key: str | None = None, background: bool = False, waited_s: float = 0.0
+        self,
+        prepared: Any,
+        state_key: str | None = None,
+        background: bool = False,
+        waited_s: float = 0.0,
+        trace_context: dict[str, str] | None = None,
     ) -> ReplicaAnswer:
         """Answer one prepared request (``state_key`` is read by the router only; ``background``: a
         batch-job line, run only when no interactive request waits; ``waited_s``: its wait before it came
-        here, counted against the queue timeout): its decision, naming this replica, or its queue timeout,
-        with this replica's report."""
+        here, counted against the queue timeout; ``trace_context``: the W3C context of the ingress's request
+        span, None when it is not traced): its decision, naming this replica, or its queue timeout, with this
+        replica's report."""
+        arrived_ns = time.time_ns()
         future = self.loop.submit(
             prepared, prepared.record.input_tokens, background=background, waited_s=waited_s
         )
@@ -378,12 +398,21 @@ class ClefModel:
             decision = await asyncio.wrap_future(future)
         except QueueTimeoutError as exc:
             return ReplicaAnswer(self.report(), timeout=(exc.waited_s, exc.timeout_s, exc.retry_after_s))
+        if self.tracing is not None and trace_context:
+            record_replica(
+                self.tracing, trace_context, self.replica_id, arrived_ns, time.time_ns(), decision.timings
+            )
         return ReplicaAnswer(self.report(), decision=dataclasses.replace(decision, replica=self.replica_id))
 
     def __del__(self) -> None:
         loop = getattr(self, "loop", None)
         if loop is not None:
             loop.close(drain=False)
+        # Ray Serve calls this on a graceful stop (and Python again when the object goes): export what is
+        # buffered, once.
+        tracing, self.tracing = self.tracing, None
+        if tracing is not None:
+            tracing.shutdown()
 
 
 class ClefIngress:
@@ -427,17 +456,32 @@ def _serve_logging(settings: ServerSettings) -> Any:
     return LoggingConfig(encoding="TEXT", log_level=settings.log_level.upper(), enable_access_log=False)
 
 
-def build_application(settings: ServerSettings, ray: RaySettings) -> Any:
-    """The Ray Serve application (ingress bound to the model deployment) for ``settings``."""
+def _actor_options(environ: Mapping[str, str], **resources: float) -> dict[str, Any]:
+    """A deployment's ``ray_actor_options``: ``resources``, and the ``OTEL_*`` variables of ``environ`` in
+    its actors' environment (a Ray worker does not inherit the variables of the process that deployed it:
+    on a cluster it runs elsewhere), so that the standard variables configure every replica's tracing."""
+    options: dict[str, Any] = dict(resources)
+    otel = {name: value for name, value in environ.items() if name.startswith("OTEL_")}
+    if otel:
+        options["runtime_env"] = {"env_vars": otel}
+    return options
+
+
+def build_application(
+    settings: ServerSettings, ray: RaySettings, environ: Mapping[str, str] | None = None
+) -> Any:
+    """The Ray Serve application (ingress bound to the model deployment) for ``settings``; the ``OTEL_*``
+    variables of ``environ`` (default ``os.environ``) go to its replicas."""
     from ray import serve
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
     from clef_runtime.scale.router import StateAffinityRouter
 
+    environ = os.environ if environ is None else environ
     logging_config = _serve_logging(settings)
     model_options: dict[str, Any] = {
         "name": MODEL_DEPLOYMENT,
-        "ray_actor_options": {"num_cpus": ray.ray_num_cpus, "num_gpus": ray.ray_num_gpus},
+        "ray_actor_options": _actor_options(environ, num_cpus=ray.ray_num_cpus, num_gpus=ray.ray_num_gpus),
         "max_ongoing_requests": max(settings.max_batch_size * 2, 8),
         "health_check_period_s": 2,
         "logging_config": logging_config,
@@ -463,7 +507,7 @@ def build_application(settings: ServerSettings, ray: RaySettings) -> Any:
     ingress = serve.deployment(serve.ingress()(ClefIngress)).options(  # type: ignore[attr-defined]
         name="ClefIngress",
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=_actor_options(environ, num_cpus=0),
         max_ongoing_requests=settings.max_queue + _INGRESS_HEADROOM,
         logging_config=logging_config,
     )

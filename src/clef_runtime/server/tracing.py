@@ -9,6 +9,10 @@ themselves). Off, nothing here imports the SDK and no request builds a span: the
 The engine knows nothing of tracing: it reports when a request was submitted and when each of its steps ran
 (`clef_runtime.engine.decision.RequestTimings`, on the loop's monotonic clock), and `record_decision` builds
 the queue, step and head spans from that record after the fact, with explicit start and end times.
+
+Under ``--ray`` the ingress sends the request span's W3C trace context (`trace_context`) with each request to
+its model replica, and the replica, with a tracer of its own, builds a ``clef.replica`` span under it with the
+engine spans as its children (`record_replica`): only the replica's process can place its loop's moments.
 """
 
 from __future__ import annotations
@@ -19,18 +23,20 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
     from starlette.requests import HTTPConnection
     from starlette.types import Scope
 
     from clef_runtime.engine.contract import PreparedItem
-    from clef_runtime.engine.decision import Decision
+    from clef_runtime.engine.decision import Decision, RequestTimings
 
 __all__ = [
     "PROTOCOLS",
@@ -42,7 +48,9 @@ __all__ = [
     "missing_extra_message",
     "phase",
     "record_decision",
+    "record_replica",
     "start_tracing",
+    "trace_context",
 ]
 
 logger = logging.getLogger("clef_runtime.server")
@@ -59,6 +67,9 @@ _EXPORTER_MODULES = {
 _MISSING_EXTRA = "--otlp-traces-endpoint needs the OpenTelemetry exporters: pip install 'clef-runtime[otel]'"
 # Where the request's trace lives in the ASGI scope's state (beside the request context).
 _STATE_KEY = "clef_trace"
+# The trace of the request being served on this task, for a call that leaves the process (`trace_context`):
+# the dispatcher that sends it to a replica sees the request's task, not its scope.
+_CURRENT: ContextVar[RequestTrace | None] = ContextVar("clef_trace", default=None)
 
 
 def check_endpoint(url: str) -> str:
@@ -193,13 +204,13 @@ class RequestTrace:
             },
         )
         self.context = trace.set_span_in_context(self.span)
+        self._current = _CURRENT.set(self)
 
     def child(
         self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None
     ) -> None:
         """A finished child span from ``start_ns`` to ``end_ns`` (nanoseconds since the epoch)."""
-        span = self.tracer.start_span(name, context=self.context, start_time=start_ns, attributes=attributes)
-        span.end(end_time=end_ns)
+        _finished_span(self.tracer, self.context, name, start_ns, end_ns, attributes)
 
     def finish(self, route: str, status: int) -> None:
         """End the request's span, named by its route template, with its status."""
@@ -211,6 +222,19 @@ class RequestTrace:
         if status >= 500:
             self.span.set_status(Status(StatusCode.ERROR))
         self.span.end()
+        _CURRENT.reset(self._current)
+
+
+def _finished_span(
+    tracer: Tracer,
+    parent: Context,
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    attributes: Mapping[str, Any] | None = None,
+) -> None:
+    span = tracer.start_span(name, context=parent, start_time=start_ns, attributes=attributes)
+    span.end(end_time=end_ns)
 
 
 def begin_request(tracing: Tracing | None, scope: Scope, request_id: str) -> RequestTrace | None:
@@ -267,14 +291,17 @@ def record_decision(request: HTTPConnection, prepared: PreparedItem, decision: D
     if decision.replica is not None:
         attributes["clef.replica"] = decision.replica
     trace.span.set_attributes(attributes)
-    _engine_spans(trace, decision)
+    if decision.replica is None:
+        # A scale-out replica's moments are on its own process's clock (maybe another machine's): the
+        # replica builds its engine spans itself (`record_replica`).
+        _engine_spans(trace.tracer, trace.context, decision.timings)
 
 
-def _engine_spans(trace: RequestTrace, decision: Decision) -> None:
-    timings = decision.timings
-    if decision.replica is not None or timings.submitted_at is None or not timings.step_times:
-        # A scale-out replica's moments are on its own process's clock (maybe another machine's); an engine
-        # without a loop reports none.
+def _engine_spans(tracer: Tracer, parent: Context, timings: RequestTimings) -> None:
+    """The engine spans of one decision under ``parent``: ``clef.queue``, ``clef.step`` (numbered) and
+    ``clef.head``, from ``timings`` taken on this process's monotonic clock (nothing for an engine without a
+    loop, which reports no moments)."""
+    if timings.submitted_at is None or not timings.step_times:
         return
     # The loop's clock is time.monotonic: moments become epoch nanoseconds by their distance from now.
     now_ns, now = time.time_ns(), time.monotonic()
@@ -283,8 +310,48 @@ def _engine_spans(trace: RequestTrace, decision: Decision) -> None:
         return now_ns - round((now - moment) * 1e9)
 
     first_start = timings.step_times[0][0]
-    trace.child("clef.queue", epoch_ns(timings.submitted_at), epoch_ns(first_start))
+    _finished_span(tracer, parent, "clef.queue", epoch_ns(timings.submitted_at), epoch_ns(first_start))
     for number, (start, end) in enumerate(timings.step_times, 1):
-        trace.child("clef.step", epoch_ns(start), epoch_ns(end), {"clef.step.number": number})
+        attributes = {"clef.step.number": number}
+        _finished_span(tracer, parent, "clef.step", epoch_ns(start), epoch_ns(end), attributes)
     last_end = epoch_ns(timings.step_times[-1][1])
-    trace.child("clef.head", last_end - round(timings.head_s * 1e9), last_end)
+    _finished_span(tracer, parent, "clef.head", last_end - round(timings.head_s * 1e9), last_end)
+
+
+def trace_context() -> dict[str, str] | None:
+    """The W3C trace context (``traceparent``) of the request being served on this task, for a process
+    that works on it (a scale-out replica); None when the request is not traced."""
+    trace = _CURRENT.get()
+    if trace is None:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.context)
+    return carrier
+
+
+def record_replica(
+    tracing: Tracing,
+    carrier: Mapping[str, str],
+    replica: str,
+    start_ns: int,
+    end_ns: int,
+    timings: RequestTimings,
+) -> None:
+    """A scale-out replica's span for one request: ``clef.replica`` (attribute ``clef.replica``: its id) from
+    ``start_ns`` to ``end_ns``, the child of the span that sent it (``carrier``: `trace_context`'s), with the
+    decision's engine spans under it. Called in the replica's process: ``timings`` are on its clock."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    parent = TraceContextTextMapPropagator().extract(carrier)
+    span = tracing.tracer.start_span(
+        "clef.replica",
+        context=parent,
+        kind=trace.SpanKind.SERVER,
+        start_time=start_ns,
+        attributes={"clef.replica": replica},
+    )
+    _engine_spans(tracing.tracer, trace.set_span_in_context(span), timings)
+    span.end(end_time=end_ns)
