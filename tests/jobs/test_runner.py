@@ -143,7 +143,15 @@ class DyingReplicas:
         self.calls = 0
         self.decide = SimpleNamespace(remote=self._remote)
 
-    def _remote(self, prepared: Any, *, state_key: str, background: bool, waited_s: float = 0.0) -> Outcome:
+    def _remote(
+        self,
+        prepared: Any,
+        *,
+        state_key: str,
+        background: bool,
+        waited_s: float = 0.0,
+        trace_context: dict[str, str] | None = None,
+    ) -> Outcome:
         from ray.exceptions import ActorDiedError
 
         self.calls += 1
