@@ -1,5 +1,6 @@
 """benchmarks.gpu_check's plumbing, run on CPU (``--device cpu --smoke``): its numbers mean nothing, but
-every check runs, the correctness checks decide the exit status, and the report is written."""
+every check runs, the correctness checks decide the exit status, the report is written, and the negative
+control (``--self-test``: one layer 10% wrong) makes the check fail."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+from benchmarks import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,31 +24,88 @@ def run_gpu_check(*arguments: str, timeout: float) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def checks_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["check"]: row for row in report["models"]["tiny"]["checks"]}
+
+
 @pytest.mark.slow
 def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check.json"
     done = run_gpu_check("--device", "cpu", "--smoke", "--requests", "2", "--json", str(out), timeout=600)
     report = json.loads(out.read_text())
-    checks = report["models"]["tiny"]["checks"]
-    gating = {row["check"]: row["passed"] for row in checks if row["gating"]}
-    # CPU against CPU fp32 (tiny is narrow: auto computes fp32): the parity plumbing must report ~0.
-    assert checks[0]["check"].startswith("parity") and checks[0]["value"]["max_abs_dp"] <= 1e-5
-    assert all(gating.values()) and report["passed"], gating
+    checks = checks_by_name(report)
+    gating = {name: row["status"] for name, row in checks.items() if row["gating"]}
+    assert all(status == "passed" for status in gating.values()) and report["passed"], gating
     assert done.returncode == 0, done.stderr[-2000:]
-    # The timing checks ran too, and off CUDA they are recorded without deciding the verdict.
-    timing = [row for row in checks if row["check"].startswith(("burst gain", "first burst"))]
-    assert len(timing) == 4 and not any(row["gating"] for row in timing)
-    for key in ("fused_on", "fused_off"):
-        bursts = report["models"]["tiny"][key]["bursts"]
-        assert [b["concurrency"] for b in bursts] == [1, 16]
-        assert all(b["tokens"] > 0 and b["tokens_per_s"] > 0 for b in bursts)
+    # CPU against CPU fp32 (tiny is narrow: auto computes fp32): the hidden rows must be ~equal, and the
+    # same with 256-token steps, cache miss and hit.
+    for label in ("fused on", "256-token steps, cache miss", "256-token steps, cache hit"):
+        assert checks[f"hidden rows vs CPU fp32 ({label})"]["value"]["max_rel_l2"] <= 1e-5
+        assert checks[f"answers vs CPU fp32 ({label})"]["value"]["max_abs_dp"] <= 1e-5
+    # The second pass really hit the state cache, and the long requests really ran in several steps.
+    cache = checks["state cache: every request a miss, then a hit"]["value"]
+    assert cache == {"first_misses": 4, "second_hits": 4, "requests": 4}
+    steps = checks["requests over 256 tokens ran in several steps"]["value"]
+    assert steps["long_requests"] >= 2 and max(steps["steps_of_each"]) >= 4
+    # No fused kernels on CPU: the on/off comparison is n/a (neither passed nor gating), not run twice.
+    on_off = checks["fused on vs off"]
+    assert on_off["status"] == "n/a" and on_off["passed"] is None and not on_off["gating"]
+    assert report["models"]["tiny"]["phases"]["device"]["fused_off"] is None
+    # bf16-on-cuda is recorded off CUDA without deciding the verdict; so are the timing checks.
+    assert not checks["computed bf16 on cuda"]["gating"]
+    timing = [row for name, row in checks.items() if name.startswith(("burst gain", "first burst"))]
+    assert len(timing) == 2 and not any(row["gating"] for row in timing)
+    # The negative control ran inside the normal run, and a 10% wrong layer moved the rows past 3%.
+    control = next(row for name, row in checks.items() if name.startswith("self-test: perturbed layer"))
+    assert control["gating"] and control["status"] == "passed"
+    assert control["value"]["max_rel_l2"] > gpu_check.HIDDEN_REL_L2["bf16"]
+    bursts = report["models"]["tiny"]["phases"]["device"]["fused_on"]["bursts"]
+    assert [b["concurrency"] for b in bursts] == [1, 16]
+    assert all(b["tokens"] > 0 and b["tokens_per_s"] > 0 for b in bursts)
     markdown = out.with_suffix(".md").read_text()
-    assert "PASSED" in markdown and "| tiny | parity vs CPU fp32 (fused on) |" in markdown
+    assert "PASSED" in markdown and "| tiny | hidden rows vs CPU fp32 (fused on) |" in markdown
+    assert "| tiny | fused on vs off | no fused kernels here: on CPU |" in markdown
+    assert markdown.split("| tiny | fused on vs off |")[1].splitlines()[0].endswith("| n/a |")
+
+
+@pytest.mark.slow
+def test_gpu_check_self_test_fails_on_the_hidden_rows(tmp_path: Path) -> None:
+    out = tmp_path / "gpu-check.json"
+    done = run_gpu_check(
+        "--device", "cpu", "--smoke", "--self-test", "--requests", "2", "--json", str(out), timeout=600
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the gates caught it" in done.stderr
+    report = json.loads(out.read_text())
+    checks = checks_by_name(report)
+    assert not report["passed"]
+    hidden = checks["hidden rows vs CPU fp32 (fused on)"]
+    assert hidden["gating"] and hidden["status"] == "failed"
+    assert hidden["value"]["max_rel_l2"] > gpu_check.HIDDEN_REL_L2["bf16"]
+    assert checks["hidden rows vs CPU fp32 (256-token steps, cache hit)"]["status"] == "failed"
+    assert "FAILED (--self-test" in out.with_suffix(".md").read_text()
+
+
+def test_hidden_drift_is_relative_l2_per_request() -> None:
+    reference = [torch.ones(2, 4), torch.full((3, 4), 2.0)]
+    other = [torch.ones(2, 4) * 1.1, torch.full((3, 4), 2.0)]
+    assert gpu_check.hidden_drift(reference, other) == {"max_rel_l2": 0.1, "median_rel_l2": 0.05}
+    with pytest.raises(ValueError, match="shape"):
+        gpu_check.hidden_drift([torch.ones(2, 4)], [torch.ones(3, 4)])
+
+
+def test_perturbed_restores_the_exact_weights() -> None:
+    from clef_runtime.engine.clef import Clef
+
+    backbone = Clef.load("tiny", cache_mb=0).backbone
+    weight = gpu_check.perturbed_weight(backbone)
+    saved = weight.clone()
+    with gpu_check.perturbed(backbone):
+        assert torch.allclose(weight, saved * gpu_check.SELF_TEST_SCALE)
+    assert torch.equal(weight, saved)
 
 
 def test_gpu_check_refuses_cuda_without_a_device(tmp_path: Path) -> None:
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")  # the refusal is what is tested, not the GPU run
     done = run_gpu_check("--json", str(tmp_path / "r.json"), timeout=300)
