@@ -143,6 +143,9 @@ class LoadedModel:
     head: JointSchemaHead
     lexical: LexicalTable
     vision_tower: VisionTower
+    head_digest: str | None = None
+    """The release head's identity when it was built in memory (no ``joint_head.*`` files to hash, e.g. a
+    random model of the release's geometry built on the device); None: hashed from the checkpoint's files."""
 
 
 class Clef(CardedEngine):
@@ -188,6 +191,7 @@ class Clef(CardedEngine):
             model_name=resolved.name,
             release_dir=resolved.path,
             release_head=model.head,
+            release_digest=model.head_digest,
             calibration=calibration,
             device=backbone.device,
         )

@@ -111,9 +111,12 @@ class HeadSet:
         release_head: JointSchemaHead,
         calibration: Calibration | None,
         device: torch.device,
+        release_digest: str | None = None,
     ) -> HeadSet:
         """The release's head (replaced by a bare ``DIR``) plus every named head, on ``device``. A head
         with its own ``calibration.json`` uses it; the others use ``calibration`` (``--calibration``).
+        ``release_digest``: the release head's digest when it has no files in ``release_dir`` (a head built
+        in memory); None: `head_digest` of its files.
 
         Raises `OptionsError` naming ``--head`` and the file for a head that cannot be loaded (missing or
         malformed files, a ``hidden_size`` that is not the backbone's, a bad calibration)."""
@@ -123,7 +126,8 @@ class HeadSet:
             head=release_head,
             calibration=calibration,
             path=release_dir,
-            digest=head_digest(
+            digest=release_digest
+            or head_digest(
                 release_dir / HEAD_WEIGHTS_FILE,
                 release_dir / HEAD_CONFIG_FILE,
                 calibration_sha256(calibration),
