@@ -531,6 +531,96 @@ def check_model(
     return result
 
 
+# ------------------------------------------------------------------------------- the release geometry
+
+#: How the release step's budget is shared: the fused on/off measurements, then fp8 (where it runs).
+RELEASE_BENCH_SHARE = 0.75
+#: Requests whose answers and hidden rows fp8 is compared on against bf16 (same random weights).
+FP8_DRIFT_REQUESTS = 16
+
+
+def fp8_step(model: Any, device: str, smoke: bool, budget_s: float) -> dict[str, Any]:
+    """FP8 weights on the release geometry: the bf16 answers and hidden rows of `FP8_DRIFT_REQUESTS`
+    requests, then every decoder Linear converted in place (`convert_linears_to_fp8`) and the same requests
+    again (drift: hidden rows, answers, top-1 flips), then the measurements of `run_release_benchmark` with
+    the fp8 weights. The model is fp8 afterwards. Not applicable where the device cannot run fp8."""
+    from benchmarks.release_bench import run_release_benchmark
+    from clef_runtime.engine.clef import Clef
+    from clef_runtime.model.fp8 import convert_linears_to_fp8, fp8_device_problem
+
+    backbone = model.loaded.backbone
+    problem = fp8_device_problem(backbone.device)
+    if problem is not None:
+        return {"checks": [not_applicable("fp8 drift vs bf16 (release geometry)", problem, "recorded")]}
+    requests = parity_requests(FP8_DRIFT_REQUESTS if not smoke else 2)
+    options = engine_options(device=str(backbone.device), cache_mb=0)
+    bf16 = answer_each(Clef(model.loaded, options), requests)
+    started = time.perf_counter()
+    converted = convert_linears_to_fp8(backbone.model)
+    convert_s = time.perf_counter() - started
+    fp8 = answer_each(Clef(model.loaded, options), requests)
+    rows = hidden_drift(bf16.rows, fp8.rows)
+    dp = drift(bf16.probabilities, fp8.probabilities)
+    left = max(1.0, budget_s - (time.perf_counter() - started))
+    speed = run_release_benchmark(device, fused=True, budget_s=left, smoke=smoke, model=model)
+    value = {**rows, **dp, "fp8_linears": converted, "convert_s": round(convert_s, 2)}
+    return {
+        "checks": [check("fp8 drift vs bf16 (release geometry)", value, True, "recorded", gating=False)],
+        "drift": value,
+        "run": speed,
+    }
+
+
+def release_step(args: argparse.Namespace, packages: dict[str, bool]) -> dict[str, Any]:
+    """The release's geometry (32 layers, hidden 4,096, the full vocabulary, the release's head) with random
+    weights built on the device (``--smoke``: tiny's): `run_release_benchmark` with the fused kernels on and,
+    where they are claimed, off; then fp8 (`fp8_step`). Checks: bf16 on cuda, fused calls counted when
+    claimed; the measurements are recorded for BENCHMARKS.md, not gated."""
+    from benchmarks.release_bench import build_release_model, run_release_benchmark
+
+    started = time.perf_counter()
+    budget = args.release_budget_s
+    model = build_release_model(args.device, smoke=args.smoke)
+    device_type = torch.device(args.device).type
+    claimed = device_type == "cuda" and any(packages.values())
+    settings = (True, False) if claimed else (True,)
+    runs: dict[str, Any] = {}
+    for number, fused in enumerate(settings):
+        spent = time.perf_counter() - started
+        share = max(1.0, (budget * RELEASE_BENCH_SHARE - spent) / (len(settings) - number))
+        runs["fused_on" if fused else "fused_off"] = run_release_benchmark(
+            args.device, fused=fused, budget_s=share, smoke=args.smoke, model=model
+        )
+    on = runs["fused_on"]
+    checks = [
+        check(
+            "release geometry computed bf16 on cuda",
+            {"device": on["model"]["device"], "compute_dtype": on["model"]["compute_dtype"]},
+            device_type == "cuda" and on["model"]["compute_dtype"] == "bf16",
+            "device cuda, compute dtype bf16",
+            gating=device_type == "cuda",
+        )
+    ]
+    if claimed:
+        ran = [on["fused"]["ran"], runs["fused_off"]["fused"]["ran"]]
+        checks.append(
+            check("release geometry fused calls (on, off)", ran, ran == [True, False], "on, not off")
+        )
+    else:
+        checks.append(
+            not_applicable(
+                "release geometry fused on vs off",
+                "no fused kernels here: the fused-off run would repeat the fused-on one",
+                "measured both ways",
+            )
+        )
+    fp8 = fp8_step(model, args.device, args.smoke, max(1.0, budget - (time.perf_counter() - started)))
+    checks += fp8.pop("checks")
+    del model
+    gc.collect()
+    return {"checks": checks, "runs": runs, "fp8": fp8, "seconds": round(time.perf_counter() - started, 2)}
+
+
 def shown(value: Any) -> Any:
     """A check's value as the table shows it (the headline figure of a dict)."""
     if isinstance(value, dict):
@@ -573,7 +663,43 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {model} | {key.replace('_', ' ')}: {run['compute_dtype']}, warm-up {run['warmup_s']} s, "
                 f"first {run['first_request_after_warmup_s']} s, {rates} | | | |"
             )
+    if "release" in report:
+        lines += release_markdown(report["release"])
     return "\n".join(lines) + "\n"
+
+
+def release_markdown(release: dict[str, Any]) -> list[str]:
+    """The release geometry's checks and measurements as table rows (latency p50 / p99 by size, bursts'
+    requests/s by concurrency, the same-state hit, warm-up, peak memory; fp8's drift and speed)."""
+    lines = ["", "| release geometry | value | threshold | passed |", "|---|---|---|---|"]
+    for row in release["checks"]:
+        status = {"passed": "yes", "failed": "**no**", "n/a": "n/a"}[row["status"]]
+        if row["status"] == "passed" and not row["gating"]:
+            status = "recorded"
+        lines.append(f"| {row['check']} | {shown(row['value'])} | {row['threshold']} | {status} |")
+    runs = {**release["runs"]}
+    if "run" in release["fp8"]:
+        runs["fp8 weights"] = release["fp8"]["run"]
+    lines += [
+        "",
+        "| run | p50 / p99 ms by tokens | requests/s by clients | same-state hit / miss p50 ms | "
+        "warm-up s | peak GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, run in runs.items():
+        latency = ", ".join(
+            f"{entry['tokens']}: skipped"
+            if "skipped" in entry
+            else f"{entry['tokens']}: {entry['p50_ms']} / {entry['p99_ms']}"
+            for entry in run["latency"]
+        )
+        bursts = ", ".join(f"c{b['concurrency']}: {b['requests_per_s']}" for b in run["bursts"])
+        hit = run["state_hit"]
+        lines.append(
+            f"| {label.replace('_', ' ')} | {latency} | {bursts} | {hit['hit']['p50_ms']} / "
+            f"{hit['miss']['p50_ms']} | {run['warmup_s']} | {run['peak_memory_gib']} |"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -597,7 +723,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="generated parity requests (64; smoke 4)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per burst request (512; smoke 128)")
     parser.add_argument("--rounds", type=int, default=None, help="bursts per concurrency (4; smoke 2)")
+    parser.add_argument(
+        "--release-budget-s",
+        type=float,
+        default=None,
+        help="seconds for the release geometry's measurements and fp8 (300; smoke 20; 0: not run)",
+    )
     args = parser.parse_args(argv)
+    if args.release_budget_s is not None and args.release_budget_s < 0:
+        parser.error(f"--release-budget-s must be 0 or more, got {args.release_budget_s}")
+    if args.release_budget_s is None:
+        args.release_budget_s = 20.0 if args.smoke else 300.0
     args.requests = args.requests or (4 if args.smoke else 64)
     args.tokens = args.tokens or (128 if args.smoke else 512)
     args.rounds = args.rounds or (2 if args.smoke else 4)
@@ -618,12 +754,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = parity_requests(args.requests)
     for name in ("tiny",) if args.smoke else ("medium-1024",):
         report["models"][name] = check_model(name, args, requests, packages)
-    report["passed"] = all(
-        row["status"] == "passed"
-        for result in report["models"].values()
-        for row in result["checks"]
-        if row["gating"]
-    )
+    # The release geometry measures speed and memory, and fp8's drift: nothing there for --self-test to catch.
+    if args.release_budget_s > 0 and not args.self_test:
+        report["release"] = release_step(args, packages)
+    checks = [row for result in report["models"].values() for row in result["checks"]]
+    checks += report.get("release", {}).get("checks", [])
+    report["passed"] = all(row["status"] == "passed" for row in checks if row["gating"])
     save(report, args.json, "gpu_check")
     markdown = render_markdown(report)
     args.json.with_suffix(".md").write_text(markdown, encoding="utf-8")
