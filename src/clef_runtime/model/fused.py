@@ -172,7 +172,7 @@ def missing_fused_kernels_warning(status: dict[str, Any], device: str) -> str | 
     missing = [name for name, fused in status["active"].items() if not fused]
     if not missing:
         return None
-    # The delta rules need fla; fla alone also covers the conv (its Triton conv), so name it first.
+    # The delta rules need fla, which brings a causal conv too: fla alone then completes the path.
     rules_missing = any(name not in CONV_FUNCTIONS for name in missing)
     packages = "flash-linear-attention" if rules_missing else "causal-conv1d or flash-linear-attention"
     return (
