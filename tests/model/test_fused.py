@@ -1,5 +1,6 @@
-"""The fused-kernel switch: transformers' Qwen3.5 DeltaNet functions swapped to the reference and back; and
-transformers' advice to install the CUDA-only fused packages, dropped on CPU and kept on an accelerator."""
+"""The fused-kernel switch: transformers' Qwen3.5 DeltaNet functions swapped to the reference and back, their
+calls counted; transformers' advice to install the CUDA-only fused packages, dropped on CPU and kept on an
+accelerator; and our own warning, once, when a CUDA load runs without them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,8 @@ from clef_runtime.model import fused
 from clef_runtime.model.fused import (
     FALLBACK_LOGGER,
     FUSED_FUNCTIONS,
+    FUSED_PACKAGES,
+    INSTALL_COMMAND,
     fused_kernels_status,
     quiet_fallback_advice,
     reset_fused_call_counts,
@@ -129,3 +134,82 @@ def test_the_advice_is_kept_once_a_model_is_on_an_accelerator(monkeypatch: pytes
         assert kept == ["an unrelated warning", ADVICE]
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_call_on_cpu_tensors_counts_as_reference_whatever_is_in_place() -> None:
+    """Every fused implementation hands CPU tensors to the reference code: such a call is not a fused one."""
+    import torch
+
+    reset_fused_call_counts()
+    counted = fused._counting("torch_chunk_gated_delta_rule", lambda *args, **kwargs: None, fused=True)
+    counted(torch.zeros(1))
+    counted(torch.empty(1, device="meta"))  # any device but the CPU: the fused kernel runs
+    assert fused_kernels_status()["calls"]["torch_chunk_gated_delta_rule"] == {"fused": 1, "reference": 1}
+    reset_fused_call_counts()
+
+
+def _status(*active: bool) -> dict[str, Any]:
+    return {
+        "packages": {},
+        "active": dict(zip(FUSED_FUNCTIONS, active, strict=True)),
+        "conv": "reference",
+        "calls": {},
+    }
+
+
+LoadOn = Callable[..., list[str]]
+
+
+@pytest.fixture
+def load_on(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Iterator[LoadOn]:
+    """``load_on(device, status, fused_kernels=True)``: the warnings of `_prepare_device` for a model loaded
+    on ``device`` (faked: resolved without asking torch) where `fused_kernels_status` says ``status``."""
+    from clef_runtime.model import backbone
+
+    monkeypatch.setattr(fused, "_devices", set())
+
+    def load(device: str, status: dict[str, Any], fused_kernels: bool = True) -> list[str]:
+        import torch
+
+        monkeypatch.setattr(backbone, "resolve_device", lambda _device: torch.device(device))
+        monkeypatch.setattr(fused, "fused_kernels_status", lambda: status)
+        monkeypatch.setattr(backbone, "configure_cpu_threads", lambda threads: None)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=backbone.__name__):
+            backbone._prepare_device(device, None, fused_kernels)
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    try:
+        yield load
+    finally:
+        set_fused_kernels(True)
+
+
+def test_a_cuda_load_without_the_fused_kernels_warns_once_with_the_install_command(load_on: LoadOn) -> None:
+    warnings = load_on("cuda:0", _status(False, False, False, False))
+    assert len(warnings) == 1
+    (line,) = warnings
+    assert "\n" not in line
+    for said in ("not installed", "flash-linear-attention", "cuda:0", "2.5x", INSTALL_COMMAND):
+        assert said in line, line
+    # causal-conv1d without fla: the delta rules are still missing, and said so.
+    (line,) = load_on("cuda:0", _status(True, True, False, False))
+    assert "flash-linear-attention missing" in line and "torch_chunk_gated_delta_rule" in line
+
+
+def test_no_warning_on_cpu_with_the_kernels_off_or_in_place(load_on: LoadOn) -> None:
+    missing = _status(False, False, False, False)
+    assert load_on("cpu", missing) == []  # the CPU has kernels of its own
+    assert load_on("cuda:0", missing, fused_kernels=False) == []  # --no-fused-kernels: asked for
+    assert load_on("cuda:0", _status(True, True, True, True)) == []
+
+
+def test_the_install_command_installs_both_packages() -> None:
+    """`INSTALL_COMMAND` names pyproject's ``cuda`` extra, which holds both fused packages."""
+    import tomllib
+
+    assert INSTALL_COMMAND == "pip install 'clef-runtime[cuda]'"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = " ".join(project["optional-dependencies"]["cuda"])
+    assert project["name"] == "clef-runtime"
+    assert all(distribution in extra for distribution in FUSED_PACKAGES.values())

@@ -197,16 +197,29 @@ def test_the_fused_kernels_are_off_on_cpu_and_say_why(serve_fake: Callable[..., 
     client = serve_fake().client
     assert metric(client, "clef_fused_kernels", device="cpu", reason="cpu") == 0
     assert "clef_fused_kernels{" in client.get("/metrics").text
-    assert client.get("/status.json").json()["fused_kernels"] == {
-        "in_use": False,
-        "device": "cpu",
-        "reason": "cpu",
-    }
+    cpu = {"in_use": False, "device": "cpu", "reason": "cpu", "calls": None, "conv": None}
+    assert client.get("/status.json").json()["fused_kernels"] == cpu
+    assert client.get("/ready").json()["fused_kernels"] == cpu
+    assert client.get("/v1/models").json()["data"][0]["fused_kernels"] == cpu
 
 
-def _active(*flags: bool) -> Callable[[], dict[str, Any]]:
-    names = ("causal_conv1d_fn", "causal_conv1d_update", "chunk", "recurrent")
-    return lambda: {"active": dict(zip(names, flags, strict=True))}
+class CountedCalls:
+    """A stand-in for `clef_runtime.model.fused.fused_kernels_status`: which of the four DeltaNet functions
+    have a fused implementation in place, and the calls counted so far (set by the test as it goes)."""
+
+    def __init__(self, active: bool = True, fused: int = 0, reference: int = 0, conv: str = "fla") -> None:
+        self.active, self.fused, self.reference, self.conv = active, fused, reference, conv
+
+    def __call__(self) -> dict[str, Any]:
+        names = ("causal_conv1d_fn", "causal_conv1d_update", "chunk", "recurrent")
+        # The counts spread over two functions: the status sums them.
+        calls = {name: {"fused": 0, "reference": 0} for name in names}
+        calls["chunk"] = {"fused": self.fused - self.fused // 2, "reference": self.reference // 2}
+        calls["causal_conv1d_fn"] = {
+            "fused": self.fused // 2,
+            "reference": self.reference - self.reference // 2,
+        }
+        return {"active": dict.fromkeys(names, self.active), "conv": self.conv, "calls": calls}
 
 
 def _broken() -> dict[str, Any]:
@@ -214,24 +227,87 @@ def _broken() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("device", "enabled", "status", "in_use", "reason"),
+    ("device", "enabled", "status", "reason", "calls"),
     [
-        ("cuda:0", True, _active(True, True, True, True), True, "in_use"),
-        ("cuda:0", True, _active(True, True, False, False), False, "not_installed"),
-        ("cuda:0", False, _active(True, True, True, True), False, "disabled"),
-        ("cuda:0", True, _broken, False, "unknown"),
-        ("cpu", True, _active(True, True, True, True), False, "cpu"),
+        ("cuda:0", True, CountedCalls(fused=40), "in_use", {"fused": 40, "reference": 0}),
+        ("cuda:0", True, CountedCalls(fused=20, reference=20), "partial", {"fused": 20, "reference": 20}),
+        ("cuda:0", True, CountedCalls(reference=40), "fallback", {"fused": 0, "reference": 40}),
+        ("cuda:0", True, CountedCalls(False, reference=40), "not_installed", {"fused": 0, "reference": 40}),
+        ("cuda:0", True, CountedCalls(False), "not_installed", {"fused": 0, "reference": 0}),
+        ("cuda:0", True, CountedCalls(), "no_calls", {"fused": 0, "reference": 0}),
+        # Installed and even called before, but turned off: off, with the counts.
+        ("cuda:0", False, CountedCalls(fused=4, reference=40), "disabled", {"fused": 4, "reference": 40}),
+        ("cuda:0", True, _broken, "unknown", None),
+        ("cuda:0", False, _broken, "disabled", None),
+        ("cpu", True, CountedCalls(fused=40), "cpu", None),
     ],
 )
-def test_the_fused_kernel_status_of_a_card(
-    device: str, enabled: bool, status: Callable[[], dict[str, Any]], in_use: bool, reason: str
+def test_the_fused_kernel_status_comes_from_the_calls_counted(
+    device: str,
+    enabled: bool,
+    status: Callable[[], dict[str, Any]],
+    reason: str,
+    calls: dict[str, int] | None,
 ) -> None:
     card = FakeClef().card
     card = dataclasses.replace(
         card, device=device, options=dataclasses.replace(card.options, fused_kernels=enabled)
     )
     fused = fused_kernels_of(card, status)
-    assert (fused.in_use, fused.device, fused.reason) == (in_use, device, reason)
+    assert (fused.in_use, fused.device, fused.reason, fused.calls) == (
+        reason == "in_use",
+        device,
+        reason,
+        calls,
+    )
+    assert fused.conv == ("fla" if calls is not None else None)
+
+
+def test_model_replicas_status_is_not_read_from_this_process() -> None:
+    """Under ``--ray`` the model (and its counts) live in the replicas: the ingress does not pass its own
+    zero counts off as theirs."""
+    card = dataclasses.replace(FakeClef().card, device="cuda:0")
+    fused = fused_kernels_of(card, CountedCalls(fused=40), in_process=False)
+    assert (fused.in_use, fused.reason, fused.calls) == (False, "replicas", None)
+
+
+def test_ready_models_metrics_and_status_read_the_counts_live(
+    serve_fake: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA every endpoint says what the calls counted say when it is asked, not what they said at load:
+    no calls yet, then reference calls only (the fallback), then fused calls."""
+    from clef_runtime.model import fused
+
+    counted = CountedCalls()
+    monkeypatch.setattr(fused, "fused_kernels_status", counted)
+    engine = FakeClef()
+    engine.card = dataclasses.replace(engine.card, device="cuda:0")
+    client = serve_fake(engine).client
+
+    def said() -> list[dict[str, Any]]:
+        return [
+            client.get("/ready").json()["fused_kernels"],
+            client.get("/v1/models").json()["data"][0]["fused_kernels"],
+            client.get("/status.json").json()["fused_kernels"],
+        ]
+
+    def gauge() -> dict[str, float]:
+        text = client.get("/metrics").text
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        # One series at a time, labelled by the device and the reason now.
+        return {s.labels["reason"]: s.value for s in samples if s.name == "clef_fused_kernels"}
+
+    for fused_calls, reference_calls, reason in ((0, 0, "no_calls"), (0, 64, "fallback"), (96, 0, "in_use")):
+        counted.fused, counted.reference = fused_calls, reference_calls
+        expected = {
+            "in_use": reason == "in_use",
+            "device": "cuda:0",
+            "reason": reason,
+            "calls": {"fused": fused_calls, "reference": reference_calls},
+            "conv": "fla",
+        }
+        assert said() == [expected] * 3
+        assert gauge() == {reason: 1.0 if reason == "in_use" else 0.0}
 
 
 def test_status_json_shows_per_classifier_what_metrics_shows(set_answers: Served) -> None:

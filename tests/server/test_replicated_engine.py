@@ -50,7 +50,14 @@ class ReplicatedEngine(FakeClef):
 def test_ready_reports_the_replicas(serve_fake: Callable[..., Served]) -> None:
     response = serve_fake(ReplicatedEngine()).client.get("/ready")
     assert response.status_code == 200
-    assert response.json() == {"status": "ready", "model": "fake-clef", "replicas": {"up": 2, "target": 2}}
+    body = response.json()
+    assert body["fused_kernels"]["reason"] == "cpu"  # the fake engine's card: cpu
+    assert body == {
+        "status": "ready",
+        "model": "fake-clef",
+        "fused_kernels": body["fused_kernels"],
+        "replicas": {"up": 2, "target": 2},
+    }
 
 
 def test_ready_is_503_without_a_running_replica(serve_fake: Callable[..., Served]) -> None:

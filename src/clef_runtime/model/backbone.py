@@ -81,16 +81,26 @@ _SKIPPED_PREFIXES = (VISION_PREFIX, "mtp.")
 
 def _prepare_device(device: str | torch.device, threads: int | None, fused_kernels: bool) -> torch.device:
     """Resolve the device, set torch's thread count for it and, off CPU, choose the DeltaNet kernels
-    (`clef_runtime.model.fused`, process-wide; on CPU transformers' advice to install them is dropped)."""
+    (`clef_runtime.model.fused`, process-wide; on CPU transformers' advice to install them is dropped). Off
+    CPU a missing fused kernel is logged once at WARNING (unless ``fused_kernels`` turned them off)."""
     resolved_device = resolve_device(device)
     quiet_fallback_advice(resolved_device.type)
     if resolved_device.type == "cpu":
         configure_cpu_threads(threads)
     else:
-        from clef_runtime.model.fused import fused_kernels_status, set_fused_kernels
+        from clef_runtime.model.fused import (
+            fused_kernels_status,
+            missing_fused_kernels_warning,
+            set_fused_kernels,
+        )
 
         set_fused_kernels(fused_kernels)
-        logger.info("fused DeltaNet kernels on %s: %s", resolved_device, fused_kernels_status())
+        status = fused_kernels_status()
+        logger.info("fused DeltaNet kernels on %s: %s", resolved_device, status)
+        # Said once, loudly: transformers' own fallback is silent but for a hint on its first call.
+        warning = missing_fused_kernels_warning(status, str(resolved_device)) if fused_kernels else None
+        if warning is not None:
+            logger.warning(warning)
         if threads is not None:
             torch.set_num_threads(threads)
     return resolved_device

@@ -49,42 +49,72 @@ _ANSWER_LABELS = ("model", "head", "classifier", "type")
 
 @dataclass(frozen=True)
 class FusedKernels:
-    """Whether the fused DeltaNet kernels (flash-linear-attention, causal-conv1d) run, and why not.
+    """Whether the fused DeltaNet kernels (flash-linear-attention, causal-conv1d) run, and why not: read from
+    the calls counted (`clef_runtime.model.fused.fused_kernels_status`), not from what is installed.
 
-    ``reason``: ``in_use``; ``cpu`` (the CPU has kernels of its own); ``disabled`` (``--no-fused-kernels``);
+    ``reason``: ``in_use`` (fused calls counted, no reference call); ``partial`` (both: a fused kernel is
+    missing for some functions); ``fallback`` (all installed, yet only reference calls counted);
     ``not_installed`` (a package of the ``cuda`` extra is missing: transformers falls back silently);
-    ``unknown`` (the status could not be read); ``not_loaded`` (no model yet)."""
+    ``no_calls`` (all installed, nothing run yet); ``disabled`` (``--no-fused-kernels``); ``cpu`` (the CPU
+    has kernels of its own); ``replicas`` (the model runs in other processes, ``--ray``: not counted here);
+    ``unknown`` (the status could not be read); ``not_loaded`` (no model yet). ``calls``: the DeltaNet calls
+    counted in this process, ``{"fused": n, "reference": n}`` (None where not read); ``conv``: the causal conv
+    in place (``causal_conv1d``, ``fla``, ``reference``; None where not read)."""
 
     in_use: bool
     device: str
     reason: str
+    calls: dict[str, int] | None = None
+    conv: str | None = None
 
     def as_api(self) -> dict[str, Any]:
-        return {"in_use": self.in_use, "device": self.device, "reason": self.reason}
+        return {
+            "in_use": self.in_use,
+            "device": self.device,
+            "reason": self.reason,
+            "calls": dict(self.calls) if self.calls is not None else None,
+            "conv": self.conv,
+        }
 
 
 NOT_LOADED = FusedKernels(False, "", "not_loaded")
 
 
-def fused_kernels_of(card: EngineCard, status: Callable[[], dict[str, Any]] | None = None) -> FusedKernels:
-    """The fused-kernel status of an engine loaded as ``card`` says. ``status``: what is in place in this
-    process (default `clef_runtime.model.fused.fused_kernels_status`, read only off CPU)."""
+def _reason_of(status: dict[str, Any], calls: dict[str, int]) -> str:
+    """The reason of a status read on an accelerator with the fused kernels on."""
+    if calls["fused"]:
+        return "partial" if calls["reference"] else "in_use"
+    if not all(status["active"].values()):
+        return "not_installed"
+    return "fallback" if calls["reference"] else "no_calls"
+
+
+def fused_kernels_of(
+    card: EngineCard, status: Callable[[], dict[str, Any]] | None = None, *, in_process: bool = True
+) -> FusedKernels:
+    """The fused-kernel status, now, of an engine loaded as ``card`` says. ``status``: what is in place and
+    was called in this process (default `clef_runtime.model.fused.fused_kernels_status`, read only off CPU
+    and when the engine runs ``in_process``)."""
     device = card.device
     if device.split(":")[0] == "cpu":
         return FusedKernels(False, device, "cpu")
-    if not card.options.fused_kernels:
-        return FusedKernels(False, device, "disabled")
+    if not in_process:
+        return FusedKernels(False, device, "replicas")
     if status is None:
         from clef_runtime.model.fused import fused_kernels_status
 
         status = fused_kernels_status
     try:
-        active = status()["active"]
+        read = status()
+        calls = {
+            kind: sum(int(counts[kind]) for counts in read["calls"].values())
+            for kind in ("fused", "reference")
+        }
+        reason = _reason_of(read, calls) if card.options.fused_kernels else "disabled"
+        conv = str(read["conv"])
     except Exception:  # a status that cannot be read must not stop the server
-        return FusedKernels(False, device, "unknown")
-    if active and all(active.values()):
-        return FusedKernels(True, device, "in_use")
-    return FusedKernels(False, device, "not_installed")
+        return FusedKernels(False, device, "unknown" if card.options.fused_kernels else "disabled")
+    return FusedKernels(reason == "in_use", device, reason, calls, conv)
 
 
 def answer_probabilities(answer: dict[str, Any]) -> list[float]:
@@ -150,21 +180,31 @@ class AnswerMetrics:
         )
         self.fused_kernels = gauge(
             "clef_fused_kernels",
-            "1 when the fused CUDA kernels (flash-linear-attention, causal-conv1d) run; 0 with the reason "
-            "(cpu, disabled, not_installed, unknown).",
+            "1 when the fused CUDA kernels (flash-linear-attention, causal-conv1d) run, from the calls "
+            "counted; 0 with the reason (partial, fallback, not_installed, no_calls, disabled, cpu, "
+            "replicas, unknown).",
             ["device", "reason"],
         )
-        self.fused = NOT_LOADED
+        self._fused_source: Callable[[], FusedKernels] = lambda: NOT_LOADED
         self.model = ""
         self._lock = threading.Lock()
         self._by_classifier: dict[str, _ClassifierFigures] = {}
 
-    def model_loaded(self, model: str, fused: FusedKernels) -> None:
-        """Note the served model's name (the answers' ``model`` label) and its fused-kernel status."""
+    def model_loaded(self, model: str, fused: Callable[[], FusedKernels]) -> None:
+        """Note the served model's name (the answers' ``model`` label) and where its fused-kernel status is
+        read (``fused``, called on every `fused_now`)."""
         self.model = model
-        self.fused = fused
-        self.fused_kernels.clear()
-        self.fused_kernels.labels(fused.device, fused.reason).set(1 if fused.in_use else 0)
+        self._fused_source = fused
+        self.fused_now()
+
+    def fused_now(self) -> FusedKernels:
+        """The fused-kernel status as the counts say now; the ``clef_fused_kernels`` gauge is set to it (one
+        series: the reason's, its label values from a fixed set)."""
+        fused = self._fused_source()
+        with self._lock:
+            self.fused_kernels.clear()
+            self.fused_kernels.labels(fused.device, fused.reason).set(1 if fused.in_use else 0)
+        return fused
 
     def _classifier_label(self, classifier: str) -> str:
         # Called under the lock: the first names keep their own series, later ones share one.

@@ -266,7 +266,12 @@ class ServerRuntime:
             self._state = "ready"
         self.metrics.ready.set(1)
         self.metrics.load_seconds.set(seconds)
-        self.metrics.decisions.model_loaded(engine.name, fused_kernels_of(engine.card))
+        # Read on every request from the calls counted so far (warm-up made the first), never frozen here.
+        in_process = self._dispatcher_factory is local_engine_loop
+        card = engine.card
+        self.metrics.decisions.model_loaded(
+            engine.name, lambda: fused_kernels_of(card, in_process=in_process)
+        )
         logger.info("model %r ready in %.1f s", engine.name, seconds)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -299,6 +304,7 @@ class ServerRuntime:
                 logger.debug("/metrics without the engine's cache figures: %s", exc)
         # No await between storing and rendering: this exposition shows these figures.
         self._cache_series = series
+        self.metrics.decisions.fused_now()  # the gauge as the calls counted say now
         return self.metrics.render()
 
     def queue_depth(self) -> int:

@@ -123,7 +123,11 @@ def test_models_lists_the_engine_in_jev_and_openai_shapes(client: TestClient) ->
 
 def test_health_ready_metrics_and_docs(client: TestClient) -> None:
     assert client.get("/health").json()["state"] == "ready"
-    assert client.get("/ready").json() == {"status": "ready", "model": "fake-clef"}
+    assert client.get("/ready").json() == {
+        "status": "ready",
+        "model": "fake-clef",
+        "fused_kernels": {"in_use": False, "device": "cpu", "reason": "cpu", "calls": None, "conv": None},
+    }
     assert client.head("/health").status_code == client.head("/ready").status_code == 200  # load balancers
     assert client.get("/docs").status_code == 200
     spec = client.get("/openapi.json").json()

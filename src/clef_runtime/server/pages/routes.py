@@ -203,7 +203,13 @@ _STATUS_EXAMPLE = {
     "requests": {"total": 120, "rejected": 5, "errors": 2, "window": 113, "p50_ms": 41.3, "p95_ms": 88.0},
     "state_cache": {"hits": 70, "misses": 48, "entries": 48, "bytes": 52428800, "hit_rate": 0.5932},
     "replicas": None,
-    "fused_kernels": {"in_use": True, "device": "cuda:0", "reason": "in_use"},
+    "fused_kernels": {
+        "in_use": True,
+        "device": "cuda:0",
+        "reason": "in_use",
+        "calls": {"fused": 96, "reference": 0},
+        "conv": "fla",
+    },
     "answers": [
         {"classifier": None, "answers": 310, "near_ties": 12, "mean_confidence": 0.8712},
         {"classifier": "refund-triage", "answers": 96, "near_ties": 2, "mean_confidence": 0.9034},
@@ -233,11 +239,11 @@ async def status_json(request: Request) -> JSONResponse:
     (``clef serve --ray``) it holds ``up`` and ``target`` and, for each running replica that has answered,
     its id, process id and state cache (``state_cache`` is then their sum). Either is also null when the
     cluster cannot tell within a few seconds (``/ready`` is then 503 and says why). ``fused_kernels`` says
-    whether the fused CUDA kernels run (``reason``: ``in_use``, ``cpu``, ``disabled``, ``not_installed``,
-    ``unknown``, ``not_loaded``). ``answers`` has, per saved classifier (``classifier`` null: requests made
-    without one), the questions answered since start, the near ties among them and their mean confidence:
-    the figures of ``/metrics``' ``clef_answers_total``, ``clef_near_ties_total`` and
-    ``clef_answer_confidence``.
+    whether the fused CUDA kernels run, from the calls counted now, as ``/ready`` says it
+    (`clef_runtime.server.answer_metrics.FusedKernels`). ``answers`` has, per saved classifier
+    (``classifier`` null: requests made without one), the questions answered since start, the near ties
+    among them and their mean confidence: the figures of ``/metrics``' ``clef_answers_total``,
+    ``clef_near_ties_total`` and ``clef_answer_confidence``.
     """
     runtime = runtime_of(request)
     engine = runtime.engine
@@ -261,7 +267,7 @@ async def status_json(request: Request) -> JSONResponse:
             "requests": runtime.metrics.recent.summary(),
             "state_cache": _cache_figures(stats),
             "replicas": _replica_figures(replicas),
-            "fused_kernels": runtime.metrics.decisions.fused.as_api(),
+            "fused_kernels": runtime.metrics.decisions.fused_now().as_api(),
             "answers": runtime.metrics.decisions.summary(),
             "auth": runtime.keys.enabled,
             "version": __version__,

@@ -63,23 +63,43 @@ async def health(request: Request) -> dict[str, Any]:
     }
 
 
+_FUSED_EXAMPLE = {
+    "in_use": True,
+    "device": "cuda:0",
+    "reason": "in_use",
+    "calls": {"fused": 96, "reference": 0},
+    "conv": "fla",
+}
+"""What a CUDA server with the fused DeltaNet kernels reports after warm-up (``fused_kernels``)."""
+
+
 @router.get(
     "/ready",
     summary="Readiness: 200 once the model is loaded and warmed, else 503",
     description="200 once decisions can be served; 503 with `Retry-After` while the model loads (or after it "
     "failed to load), and with model replicas (`clef serve --ray`) while none runs or the cluster cannot say "
-    "within a few seconds. Use it as a readiness probe. No API key needed.",
+    "within a few seconds. Use it as a readiness probe. No API key needed. `fused_kernels` says whether the "
+    "fused DeltaNet kernels run, from the calls counted so far (`reason`: `in_use`, `partial`, `fallback`, "
+    "`not_installed`, `no_calls`, `disabled`, `cpu`, `replicas`, `unknown`; `calls`: fused and reference "
+    "DeltaNet calls; `conv`: `causal_conv1d`, `fla` or `reference`).",
     responses={
-        200: json_example("Ready for decisions", {"status": "ready", "model": "clef-flash"}),
+        200: json_example(
+            "Ready for decisions", {"status": "ready", "model": "clef-flash", "fused_kernels": _FUSED_EXAMPLE}
+        ),
         503: ERROR_RESPONSES[503],
     },
 )
 @router.head("/ready", include_in_schema=False)
 async def ready(request: Request) -> dict[str, Any]:
-    """200 ``{"status": "ready", "model"}`` when decisions can be served; 503 ``not_ready`` otherwise."""
+    """200 ``{"status": "ready", "model", "fused_kernels"}`` when decisions can be served; 503 ``not_ready``
+    otherwise. ``fused_kernels`` is read from the calls counted when the request comes."""
     runtime = runtime_of(request)
     engine = runtime.require_ready()
-    body: dict[str, Any] = {"status": "ready", "model": engine.name}
+    body: dict[str, Any] = {
+        "status": "ready",
+        "model": engine.name,
+        "fused_kernels": runtime.metrics.decisions.fused_now().as_api(),
+    }
     try:
         # It may ask a cluster: bounded in threads and time (server.engine_queries).
         replicas = await runtime.engine_queries.ask(engine.replica_status)
@@ -133,6 +153,7 @@ async def metrics(request: Request) -> Response:
                         "owned_by": "cloudflare",
                         "max_input_tokens": 16384,
                         "compute_dtype": "bf16",
+                        "fused_kernels": _FUSED_EXAMPLE,
                     }
                 ],
             },
@@ -144,10 +165,11 @@ async def metrics(request: Request) -> Response:
 async def models(request: Request) -> JSONResponse:
     """``{"object": "list", "models": [{name, description, release_date}], "data": [{id, object, ...,
     x_calibration, confidence}]}``; ``x_calibration``: the calibration applied to answers (label, file,
-    sha256, temperatures) or null; ``confidence``: the engine's ``--confidence`` mode. The Jev card keeps its
-    exact shape. Each tuned head (``--head NAME=DIR``, ``POST /v1/heads``) follows the base model in both
-    lists; every ``data`` entry has ``x_head`` (base model and the head's card: name, digest, source,
-    directory)."""
+    sha256, temperatures) or null; ``confidence``: the engine's ``--confidence`` mode; ``fused_kernels``:
+    whether the fused DeltaNet kernels run, read from the calls counted now (as ``/ready``). The Jev card
+    keeps its exact shape. Each tuned head (``--head NAME=DIR``, ``POST /v1/heads``) follows the base model
+    in both lists; every ``data`` entry has ``x_head`` (base model and the head's card: name, digest,
+    source, directory)."""
     authenticate(request)
     runtime = runtime_of(request)
     engine = runtime.require_ready()
@@ -168,6 +190,7 @@ async def models(request: Request) -> JSONResponse:
         "confidence": confidence,
         # The backbone's compute dtype (--dtype): bf16 answers drift slightly from the fp32 reference.
         "compute_dtype": engine.card.compute_dtype,
+        "fused_kernels": runtime.metrics.decisions.fused_now().as_api(),
     }
     heads = engine.head_infos()
     default = next(info for info in heads if info.default)
