@@ -461,9 +461,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "CPU weight storage under fp32 compute: auto (fp32 when it fits, else bf16 storage with fp32 "
         "compute, int8 only when neither fits, saying so in the log), fp32, bf16-storage, or int8 (opt-in: "
         "changes numbers, see --int8-layers); a mode other than auto means fp32 compute under --dtype auto; "
-        "with bf16 compute the weights are bf16; fp8 (CUDA, compute capability 8.9+ such as Ada or Hopper: "
-        "e4m3 decoder Linears of the --int8-layers selection, bf16 compute; opt-in, changes numbers) "
-        "(default auto)",
+        "with bf16 compute auto holds the weights in bf16; on a CUDA GPU of compute capability 8.9+ (Ada, "
+        "Hopper) also fp8 (opt-in: e4m3 decoder Linears of the --int8-layers selection, bf16 compute; "
+        "changes numbers) (default auto)",
         "MODE",
         choices=WEIGHT_MODES,
     ),
