@@ -85,6 +85,9 @@ def test_rows_round_trip_within_e4m3_resolution() -> None:
     assert bool(((values.double() - scaled).abs() <= bound * (1 + 1e-6)).all())
     # The tiny row is as accurate as a normal one.
     assert (dequantised(values, scales)[3] - reference[3]).norm() <= 0.05 * reference[3].norm()
+    # A transposed (column-major) input still gives row-major values: what the CUDA kernel takes.
+    transposed, _ = fp8.quantize_rows_fp8(matrix.T)
+    assert transposed.is_contiguous()
     with pytest.raises(ValueError, match="2-D"):
         fp8.quantize_rows_fp8(torch.zeros(3))
 

@@ -72,12 +72,13 @@ def quantize_rows_fp8(matrix: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric e4m3 quantisation of each row of a 2-D tensor.
 
     Returns ``(values, scales)``: ``float8_e4m3fn`` ``[rows, cols]`` and fp32 ``[rows]`` with
-    ``matrix ~= values * scales[:, None]`` (each row's largest magnitude becomes 448). Computed on
-    ``matrix``'s device. Raises ValueError for a tensor that is not 2-D.
+    ``matrix ~= values * scales[:, None]`` (each row's largest magnitude becomes 448), ``values`` row-major
+    whatever ``matrix``'s layout (the CUDA kernel refuses any other). Computed on ``matrix``'s device. Raises
+    ValueError for a tensor that is not 2-D.
     """
     if matrix.dim() != 2:
         raise ValueError(f"expected a 2-D tensor, got shape {tuple(matrix.shape)}")
-    rows = matrix.float()
+    rows = matrix.contiguous().float()
     scales = rows.abs().amax(dim=1).clamp_min(_MIN_SCALE) / FP8_MAX
     # The clamp guards the cast: the largest entry lands on 448 up to fp32 rounding, never past it.
     values = (rows / scales[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
