@@ -61,7 +61,7 @@ def test_flags_beat_variables_beat_defaults() -> None:
     ("changes", "needle"),
     [
         ({"device": "gpu"}, "--device"),
-        ({"weights": "fp8"}, "--weights"),
+        ({"weights": "fp4"}, "--weights"),
         ({"int8_layers": "early"}, "--int8-layers"),
         ({"prefill_chunk": 0}, "--prefill-chunk"),
         ({"max_length": 0}, "--max-length"),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "BF16_COMPUTE_WEIGHT_MODES",
     "COMPUTE_DTYPES",
     "DEFAULT_MAX_LENGTH",
     "ENCODE_OPTION_FIELDS",
@@ -50,10 +51,13 @@ DEFAULT_MAX_LENGTH = 16384
 #: Most merged tokens per image in ``native`` mode (the hosted service's cap).
 DEFAULT_IMAGE_MAX_TOKENS = 1024
 
-WEIGHT_MODES = ("auto", "fp32", "bf16-storage", "int8")
+WEIGHT_MODES = ("auto", "fp32", "bf16-storage", "int8", "fp8")
 COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 #: The weight modes that are storage under fp32 compute (not with --dtype bf16; under auto they mean fp32).
 FP32_COMPUTE_WEIGHT_MODES = ("fp32", "bf16-storage", "int8")
+#: The weight modes that compute in bf16 (not with --dtype fp32; under auto they mean bf16): fp8's products
+#: come out in bf16 (`clef_runtime.model.fp8`).
+BF16_COMPUTE_WEIGHT_MODES = ("fp8",)
 IMAGE_MODES = ("native", "g256", "g448")
 CONFIDENCE_MODES = ("seed", "typesafe", "workers-ai")
 
@@ -300,9 +304,11 @@ class EngineOptions:
     """The backbone's compute dtype: ``auto`` (bf16 on CUDA and on CPUs with native bf16 where it measures
     faster, else fp32), ``fp32`` (the reference's numbers) or ``bf16``. The head always computes in fp32."""
     weights: str = "auto"
-    """CPU weight storage: ``auto``, ``fp32``, ``bf16-storage`` or ``int8`` (see ``--int8-layers``)."""
+    """CPU weight storage: ``auto``, ``fp32``, ``bf16-storage`` or ``int8`` (see ``--int8-layers``); on a CUDA
+    GPU of compute capability 8.9 or newer also ``fp8`` (bf16 compute)."""
     int8_layers: str = "late"
-    """With ``weights=int8``: ``late`` (from 3/8 of the depth on), ``all``, or comma-separated indices."""
+    """With ``weights=int8`` or ``fp8``: ``late`` (from 3/8 of the depth on), ``all``, or comma-separated
+    indices."""
     prefill_chunk: int | None = None
     """Run the backbone in calls of at most this many tokens (None: whole rows)."""
     max_step_tokens: int | None = None
@@ -344,6 +350,7 @@ class EngineOptions:
             )
         if self.weights not in WEIGHT_MODES:
             problems.append(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")
+        problems += _bf16_weight_mode_problems(self.weights, self.dtype, self.device)
         if not _valid_int8_layers(self.int8_layers):
             problems.append(
                 f"--int8-layers must be late, all or comma-separated layer indices, got {self.int8_layers!r}"
@@ -407,6 +414,21 @@ def _valid_device(device: str) -> bool:
     return bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device))
 
 
+def _bf16_weight_mode_problems(weights: str, dtype: str, device: str) -> list[str]:
+    """What rules out a bf16-compute weight mode (fp8) before anything loads: fp32 compute or the CPU (whether
+    a CUDA device can run it is asked of the device at load: `clef_runtime.model.fp8.check_fp8_device`)."""
+    if weights not in BF16_COMPUTE_WEIGHT_MODES:
+        return []
+    problems = []
+    if dtype == "fp32":
+        problems.append(f"--weights {weights} computes in bf16 (fp8 products, bf16 output): not --dtype fp32")
+    if device == "cpu":
+        problems.append(
+            f"--weights {weights} needs a CUDA GPU of compute capability 8.9 or newer: not with --device cpu"
+        )
+    return problems
+
+
 def _valid_int8_layers(text: str) -> bool:
     return text in ("late", "all") or bool(re.fullmatch(r"\d+(\s*,\s*\d+)*", text.strip()))
 
@@ -439,7 +461,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "CPU weight storage under fp32 compute: auto (fp32 when it fits, else bf16 storage with fp32 "
         "compute, int8 only when neither fits, saying so in the log), fp32, bf16-storage, or int8 (opt-in: "
         "changes numbers, see --int8-layers); a mode other than auto means fp32 compute under --dtype auto; "
-        "with bf16 compute the weights are bf16 (default auto)",
+        "with bf16 compute auto holds the weights in bf16; on a CUDA GPU of compute capability 8.9+ (Ada, "
+        "Hopper) also fp8 (opt-in: e4m3 decoder Linears of the --int8-layers selection, bf16 compute; "
+        "changes numbers) (default auto)",
         "MODE",
         choices=WEIGHT_MODES,
     ),
@@ -448,8 +472,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "--int8-layers",
         "CLEF_INT8_LAYERS",
         str.strip,
-        "with --weights int8: late (layers from 3/8 of the depth on, default), all, or comma-separated "
-        "layer indices",
+        "with --weights int8 or fp8: late (layers from 3/8 of the depth on, default), all, or "
+        "comma-separated layer indices",
         "LAYERS",
     ),
     Option(

@@ -205,7 +205,7 @@ def test_eval_usage_errors(small_cases: Path, capsys: pytest.CaptureFixture[str]
     ("spec", "needle"),
     [
         ("model=tiny,colour=red", "unknown key 'colour'"),
-        ("model=tiny,weights=fp8", "weights='fp8' (--weights)"),
+        ("model=tiny,weights=fp4", "weights='fp4' (--weights)"),
         ("model=tiny,prefill_chunk=many", "prefill_chunk='many' (--prefill-chunk)"),
         ("model=tiny,prefill-chunk=0", "--prefill-chunk must be at least 1"),
         ("weights=fp32", "needs model=... or url=..."),
@@ -234,6 +234,6 @@ def test_compare_specs_parse() -> None:
 
 
 def test_compare_bad_spec_exits_2(small_cases: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compare", str(small_cases), "--a", "model=tiny", "--b", "model=tiny,weights=fp8"]) == 2
+    assert main(["compare", str(small_cases), "--a", "model=tiny", "--b", "model=tiny,weights=fp4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--weights" in err[0]

@@ -96,7 +96,7 @@ def test_input_limit_is_the_smaller_of_max_length_and_max_input_tokens() -> None
         ({"CLEF_MAX_QUEUE": "0"}, "--max-queue"),
         ({"CLEF_PORT": "70000"}, "--port"),
         ({"CLEF_LOG_LEVEL": "loud"}, "--log-level"),
-        ({"CLEF_WEIGHTS": "fp8"}, "CLEF_WEIGHTS"),
+        ({"CLEF_WEIGHTS": "fp4"}, "CLEF_WEIGHTS"),
         ({"CLEF_DEVICE": "gpu"}, "--device"),
         ({"CLEF_CACHE_MB": "-1"}, "--cache-mb"),
         ({"CLEF_INT8_LAYERS": "early"}, "--int8-layers"),

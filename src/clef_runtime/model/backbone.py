@@ -39,10 +39,11 @@ from clef_runtime.model import memory
 from clef_runtime.model.checkpoint import CheckpointError, CheckpointInfo, verify_checkpoint
 from clef_runtime.model.compute_dtype import ComputeChoice, choose_compute_dtype, dtype_name
 from clef_runtime.model.device import resolve_device, resolve_dtype
+from clef_runtime.model.fp8 import Fp8Plan
 from clef_runtime.model.fused import quiet_fallback_advice
 from clef_runtime.model.kernels import configure_cpu_threads, flush_denormals, install_cpu_kernels
 from clef_runtime.model.prefill import DEFAULT_MAX_CALL_TOKENS, BatchPrefill, call_width
-from clef_runtime.model.quantize import Int8Plan
+from clef_runtime.model.quantize import Int8Plan, LinearQuantPlan
 from clef_runtime.model.state import (
     BackboneState,
     Continuation,
@@ -128,9 +129,16 @@ def _compute_choice(
 
 def _apply_weight_mode(model: Any, plan: WeightPlan) -> None:
     """Put the loaded model's weights in their storage mode (the one place bf16 storage changes modules;
-    int8 layers were made as the weights were read, by `Int8Plan`)."""
+    int8 and fp8 layers were made as the weights were read, by `_quantization_plan`)."""
     if plan.bf16_storage:
         apply_bf16_storage(model)
+
+
+def _quantization_plan(plan: WeightPlan) -> LinearQuantPlan:
+    """The loading steps that quantise ``plan``'s layers as the shards are read (none when it has none)."""
+    if plan.fp8_layers:
+        return Fp8Plan(plan.fp8_layers)
+    return Int8Plan(plan.int8_layers)
 
 
 def _meta_model(info: CheckpointInfo) -> tuple[Any, Any]:
@@ -279,7 +287,9 @@ class Backbone:
         memory) or ``"auto"`` (fp32 when it fits in the available
         memory with headroom, else bf16 storage, else int8 layers: see `plan_weights`) or ``"int8"`` (the
         decoder Linears of the ``int8_layers`` selection in int8: `clef_runtime.model.quantize`; refused with
-        `OptionsError` off CPU). ``cpu_kernels``: use clef-runtime's vectorised Gated
+        `OptionsError` off CPU); or ``"fp8"`` (bf16 compute on a CUDA GPU of compute capability 8.9 or newer:
+        the decoder Linears of the ``int8_layers`` selection in e4m3, `clef_runtime.model.fp8`; refused with
+        `OptionsError` elsewhere and with fp32 compute). ``cpu_kernels``: use clef-runtime's vectorised Gated
         DeltaNet kernels on CPU (equal to transformers' within 1e-5, 2-3x faster). ``fused_kernels``: off CPU,
         use the fused DeltaNet kernels of the ``cuda`` extra where installed (`clef_runtime.model.fused`;
         process-wide).
@@ -294,25 +304,32 @@ class Backbone:
         choice = _compute_choice(dtype, resolved_device, weights, info)
         resolved_dtype = choice.dtype
         # bf16 storage and int8 apply to fp32 compute on CPU: the weights are read in bf16 and stay bf16,
-        # int8 weights are quantised as they are read (no full-precision copy of their layers).
+        # int8 (and, on a GPU, fp8) weights are quantised as they are read (no full-precision copy of their
+        # layers).
         plan = plan_weights(
             weights, info=info, device=resolved_device, dtype=resolved_dtype, int8_layers=int8_layers
         )
         if check_memory:
             memory.check_fits(
                 memory.estimate_model_memory(
-                    info, device=resolved_device, dtype=plan.storage_dtype, int8_layers=plan.int8_layers
+                    info,
+                    device=resolved_device,
+                    dtype=plan.storage_dtype,
+                    int8_layers=plan.quantized_layers,
+                    quantized_as="fp8" if plan.fp8_layers else "int8",
                 )
             )
         model, text_config = _meta_model(info)
-        int8 = Int8Plan(plan.int8_layers)
-        int8.prepare(model)
+        quantization = _quantization_plan(plan)
+        quantization.prepare(model)
         _load_text_weights(
             model,
             info,
-            lambda name, stored: int8.convert(name, stored, device=resolved_device, dtype=plan.storage_dtype),
+            lambda name, stored: quantization.convert(
+                name, stored, device=resolved_device, dtype=plan.storage_dtype
+            ),
         )
-        int8.finish(model)
+        quantization.finish(model)
         _rebuild_buffers(model, text_config, resolved_device, info.path)
         model.requires_grad_(False)
         _apply_weight_mode(model, plan)
@@ -373,10 +390,12 @@ class Backbone:
     @property
     def num_parameters(self) -> int:
         """Number of parameters held (text model only: no lm_head, no vision tower)."""
+        from clef_runtime.model.fp8 import Fp8Linear
         from clef_runtime.model.quantize import Int8Linear
 
-        int8 = sum(m.weight.numel() for m in self._model.modules() if isinstance(m, Int8Linear))
-        return int8 + sum(parameter.numel() for parameter in self._model.parameters())
+        quantized = (Int8Linear, Fp8Linear)  # their weights are buffers, not parameters
+        held = sum(m.weight.numel() for m in self._model.modules() if isinstance(m, quantized))
+        return held + sum(parameter.numel() for parameter in self._model.parameters())
 
     @property
     def path(self) -> Path:

@@ -11,7 +11,7 @@ joint head in fp32 (`clef_runtime.model.kernels` and the head upcast). ``auto`` 
   on an AVX2-only Zen 3 ran ~7x slower than fp32, and a model too narrow for its GEMMs to dominate gains
   nothing;
 - fp32 whenever ``--weights`` names an fp32-compute storage mode (``fp32``, ``bf16-storage``, ``int8``): the
-  user asked for those numbers.
+  user asked for those numbers; bf16 with ``--weights fp8``, whose products come out in bf16.
 
 The measurement takes well under a second at the release's width (the shape's width is capped) and is done
 once per shape per process.
@@ -28,7 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clef_runtime.options import COMPUTE_DTYPES, FP32_COMPUTE_WEIGHT_MODES, OptionsError
+from clef_runtime.options import (
+    BF16_COMPUTE_WEIGHT_MODES,
+    COMPUTE_DTYPES,
+    FP32_COMPUTE_WEIGHT_MODES,
+    OptionsError,
+)
 
 __all__ = [
     "BF16_CPU_FLAGS",
@@ -150,11 +155,15 @@ def choose_compute_dtype(
     """The compute dtype for ``--dtype requested`` (``auto``, ``fp32`` or ``bf16``) on ``device``, given
     ``--weights weights`` and the model's width (the probe's shape, on CPU).
 
-    Raises `OptionsError` for an unknown dtype, or for ``bf16`` together with an fp32-compute weight mode
-    (``--weights fp32``, ``bf16-storage`` or ``int8``).
+    Raises `OptionsError` for an unknown dtype, for ``bf16`` together with an fp32-compute weight mode
+    (``--weights fp32``, ``bf16-storage`` or ``int8``), or for ``fp32`` with ``--weights fp8``.
     """
     if requested not in COMPUTE_DTYPES:
         raise OptionsError(f"--dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {requested!r}")
+    if weights in BF16_COMPUTE_WEIGHT_MODES:
+        if requested == "fp32":
+            raise OptionsError(f"--weights {weights} computes in bf16: use --dtype auto or bf16 with it")
+        return ComputeChoice(torch.bfloat16, f"--weights {weights} computes in bf16")
     if requested == "fp32":
         return ComputeChoice(torch.float32, "--dtype fp32")
     if weights in FP32_COMPUTE_WEIGHT_MODES:

@@ -79,6 +79,9 @@ class MemoryEstimate:
     """On CPU: the ``total_bytes`` of the least memory the runtime can hold this model in (``--weights int8
     --int8-layers all``: every decoder Linear in int8, the other tensors in bf16); None where not computed
     (int8 is a CPU feature)."""
+    quantized_as: str = "int8"
+    """The one-byte format of the ``int8_layers``' Linears: ``int8`` (CPU) or ``fp8`` (the same bytes, on a
+    GPU)."""
 
     @property
     def backbone_bytes(self) -> int:
@@ -101,7 +104,7 @@ class MemoryEstimate:
         if self.int8_layers:
             from clef_runtime.model.quantize import describe_layers
 
-            parts[0] += f" (int8 layers {describe_layers(self.int8_layers)})"
+            parts[0] += f" ({self.quantized_as} layers {describe_layers(self.int8_layers)})"
         if self.vision_bytes:
             parts.append(f"vision {self.vision_bytes / _GB:.1f}")
         parts += [
@@ -123,12 +126,14 @@ def estimate_model_memory(
     dtype: torch.dtype,
     include_vision: bool = False,
     int8_layers: Collection[int] = (),
+    quantized_as: str = "int8",
 ) -> MemoryEstimate:
     """Estimate the memory the runtime needs for the release ``info`` describes (headers only, no data read).
 
     ``device`` may be "auto" (as in `Backbone.load`). Text (and, with ``include_vision``, vision) tensors are
     counted at ``dtype``'s element size, the lm_head table at its stored size, the head at fp32; the decoder
-    Linear weights of ``int8_layers`` at one byte per weight plus four per output row. On CPU the estimate
+    Linear weights of ``int8_layers`` at one byte per weight plus four per output row (int8, or fp8 with
+    ``quantized_as="fp8"``: the same bytes). On CPU the estimate
     also carries ``least_total_bytes``, the need with every layer in int8 and bf16 elsewhere (what
     `check_fits` names when nothing fits). Returns a `MemoryEstimate`. Raises ValueError for an unavailable
     device.
@@ -154,6 +159,7 @@ def estimate_model_memory(
         overhead_bytes=_overhead(text + vision),
         int8_layers=tuple(sorted(int8_layers)),
         least_total_bytes=least,
+        quantized_as=quantized_as,
     )
 
 

@@ -22,9 +22,10 @@ max |dp| 0.075; layers 12-31 int8 with 0-11 kept in 16 bits gave 0.015 (fp16 alo
 weights cannot show this, so the default follows that measurement. The joint head, the lm_head option rows
 (`LexicalTable`) and the embeddings are never quantised here.
 
-Loading (`Int8Plan`): ``prepare`` swaps the chosen ``nn.Linear`` modules of the meta-device model for
-`Int8Linear` modules (same ``weight`` name and shape, int8), ``convert`` quantises each such tensor as it
-is read from the shards, and ``finish`` installs the scales. Everything else loads as before.
+Loading (`Int8Plan`, a `LinearQuantPlan`): ``prepare`` swaps the chosen ``nn.Linear`` modules of the
+meta-device model for `Int8Linear` modules (same ``weight`` name and shape, int8), ``convert`` quantises
+each such tensor as it is read from the shards, and ``finish`` installs the scales. Everything else loads as
+before.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar, Self
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +43,8 @@ from clef_runtime.options import OptionsError
 __all__ = [
     "Int8Linear",
     "Int8Plan",
+    "LinearQuantPlan",
+    "QuantizedLinear",
     "describe_layers",
     "int8_linear_count",
     "int8_matmul",
@@ -116,19 +120,26 @@ def int8_matmul(inputs: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tens
     return out
 
 
-class Int8Linear(nn.Module):
-    """A Linear with an int8 per-output-channel weight and per-token int8 dynamic activations.
+class QuantizedLinear(nn.Module):
+    """A Linear whose weight is held at one byte per element with an fp32 scale per output channel, and whose
+    input is quantised per token at every call; `Int8Linear` and `clef_runtime.model.fp8.Fp8Linear` say in
+    which format (``quantize`` for the weight rows, ``matmul`` for the product).
 
-    Buffers: ``weight`` (int8 [out, in], the name and shape of the ``nn.Linear`` it replaces, so the shard
-    loader fills it), ``weight_scale`` (fp32 [out], not in the state dict: computed from the shard tensor),
-    and an optional fp32 ``bias``. The output has the input's floating dtype.
+    Buffers: ``weight`` (``stored_dtype`` [out, in], the name and shape of the ``nn.Linear`` it replaces, so
+    the shard loader fills it), ``weight_scale`` (fp32 [out], not in the state dict: computed from the shard
+    tensor), and an optional ``bias`` (in ``bias_dtype``; None keeps the loaded one's). The output has the
+    input's floating dtype.
     """
+
+    format_name: ClassVar[str] = ""
+    stored_dtype: ClassVar[torch.dtype] = torch.int8
+    bias_dtype: ClassVar[torch.dtype | None] = None
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=self.stored_dtype))
         self.register_buffer("weight_scale", torch.ones(out_features), persistent=False)
         self.bias: Tensor | None
         if bias:
@@ -136,13 +147,25 @@ class Int8Linear(nn.Module):
         else:
             self.bias = None
 
+    @staticmethod
+    def quantize(matrix: Tensor) -> tuple[Tensor, Tensor]:
+        """``(values, scales)`` of a floating [out, in] weight, one fp32 scale per output row."""
+        raise NotImplementedError
+
+    def matmul(self, rows: Tensor) -> Tensor:
+        """``rows`` [M, in] -> [M, out] (bias included), in the format's output dtype."""
+        raise NotImplementedError
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        """An `Int8Linear` holding ``linear``'s weight quantised per output row (and its bias in fp32)."""
-        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        module.set_weight(linear.weight.detach())
+    def from_linear(cls, linear: nn.Linear) -> Self:
+        """A module holding ``linear``'s weight quantised per output row (and its bias), on its device."""
+        weight = linear.weight.detach()
+        with torch.device(weight.device):
+            module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        module.set_weight(weight)
         if linear.bias is not None:
-            module.bias = linear.bias.detach().float().clone()
+            module.bias = linear.bias.detach().clone()
+            module.keep_bias()
         return module
 
     def set_weight(self, weight: Tensor) -> None:
@@ -152,7 +175,12 @@ class Int8Linear(nn.Module):
             raise ValueError(
                 f"weight shape {tuple(weight.shape)} != ({self.out_features}, {self.in_features})"
             )
-        self.weight, self.weight_scale = quantize_rows(weight.detach())
+        self.weight, self.weight_scale = self.quantize(weight.detach())
+
+    def keep_bias(self) -> None:
+        """Hold a loaded bias in ``bias_dtype`` (where the format names one)."""
+        if self.bias is not None and self.bias_dtype is not None:
+            self.bias = self.bias.to(self.bias_dtype)
 
     def dequantized_weight(self) -> Tensor:
         """The fp32 weight this module stands for: ``weight * weight_scale[:, None]``, [out, in]."""
@@ -161,11 +189,24 @@ class Int8Linear(nn.Module):
     def forward(self, inputs: Tensor) -> Tensor:
         """``inputs`` [..., in] -> [..., out] in the input's dtype (computed as described in the class)."""
         leading = inputs.shape[:-1]
-        out = int8_matmul(inputs.reshape(-1, self.in_features), self.weight, self.weight_scale, self.bias)
+        out = self.matmul(inputs.reshape(-1, self.in_features))
         return out.reshape(*leading, self.out_features).to(inputs.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, {self.format_name} per-channel"
+
+
+class Int8Linear(QuantizedLinear):
+    """A `QuantizedLinear` in int8: `quantize_rows` weights, `int8_matmul` products in fp32, fp32 bias."""
+
+    format_name = "int8"
+    stored_dtype = torch.int8
+    bias_dtype = torch.float32
+    quantize = staticmethod(quantize_rows)
+
+    def matmul(self, rows: Tensor) -> Tensor:
+        return int8_matmul(rows, self.weight, self.weight_scale, self.bias)
 
 
 def int8_linear_count(model: nn.Module) -> int:
@@ -181,8 +222,9 @@ def _decoder_layer_list(model: nn.Module) -> nn.ModuleList:
 
 
 @dataclass
-class Int8Plan:
-    """Which decoder layers become int8, and the loading steps that make them so (see the module docstring).
+class LinearQuantPlan:
+    """Which decoder layers get quantised Linears (``module_type``), and the loading steps that make them so
+    (see the module docstring): `Int8Plan` here, `clef_runtime.model.fp8.Fp8Plan` for fp8.
 
     ``layers``: the indices (from `select_int8_layers`). Use either the three loading steps (``prepare`` on
     the meta-device model, ``convert`` per shard tensor, ``finish`` after ``load_state_dict``) or `apply`
@@ -193,63 +235,78 @@ class Int8Plan:
     _names: set[str] = field(default_factory=set)
     _scales: dict[str, Tensor] = field(default_factory=dict)
 
+    module_type: ClassVar[type[QuantizedLinear]]
+
+    def eligible(self, linear: nn.Linear) -> bool:
+        """Whether ``linear`` can be quantised (a format may need aligned shapes); others stay as they are."""
+        return True
+
     def _linears(self, model: nn.Module) -> Iterable[tuple[str, nn.Module, str, nn.Linear]]:
-        """(qualified name, parent, attribute, linear) of every ``nn.Linear`` in the chosen layers."""
+        """(qualified name, parent, attribute, linear) of each eligible ``nn.Linear`` of the chosen layers."""
         layers = _decoder_layer_list(model)
         for index in self.layers:
             for name, parent in layers[index].named_modules():
                 for attribute, child in parent.named_children():
-                    if isinstance(child, nn.Linear):
+                    if isinstance(child, nn.Linear) and self.eligible(child):
                         qualified = ".".join(part for part in (f"layers.{index}", name, attribute) if part)
                         yield qualified, parent, attribute, child
 
     def prepare(self, model: nn.Module) -> None:
-        """Swap the chosen layers' ``nn.Linear`` modules of ``model`` (on the meta device) for `Int8Linear`
-        placeholders; ``convert`` then fills their ``weight`` from the shards."""
+        """Swap the chosen layers' ``nn.Linear`` modules of ``model`` (on the meta device) for empty
+        ``module_type`` placeholders; ``convert`` then fills their ``weight`` from the shards."""
         for qualified, parent, attribute, linear in list(self._linears(model)):
             with torch.device("meta"):
-                replacement = Int8Linear(
+                replacement = self.module_type(
                     linear.in_features, linear.out_features, bias=linear.bias is not None
                 )
             setattr(parent, attribute, replacement)
             self._names.add(f"{qualified}.weight")
 
     def convert(self, name: str, stored: Tensor, *, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The tensor to load for the shard tensor ``name`` (text-model name): int8 for a weight that
-        ``prepare`` made int8 (its scale is kept for ``finish``), else ``stored`` cast to ``dtype``."""
+        """The tensor to load for the shard tensor ``name`` (text-model name): quantised (on ``device``) for
+        a weight that ``prepare`` swapped (its scale is kept for ``finish``), else ``stored`` cast to
+        ``dtype``."""
         if name in self._names:
-            values, scales = quantize_rows(stored)
-            self._scales[name] = scales.to(device)
-            return values.to(device)
+            values, scales = self.module_type.quantize(stored.to(device))
+            self._scales[name] = scales
+            return values
         return stored.to(device=device, dtype=dtype)
 
     def finish(self, model: nn.Module) -> int:
-        """Install the scales ``convert`` computed (and keep any bias in fp32); returns the number of
-        `Int8Linear` modules. Raises RuntimeError if a prepared weight was never converted."""
+        """Install the scales ``convert`` computed (and hold any bias in the format's dtype); returns the
+        number of quantised modules. Raises RuntimeError if a prepared weight was never converted."""
         count = 0
         layers = _decoder_layer_list(model)
         for index in self.layers:
             for name, module in layers[index].named_modules():
-                if not isinstance(module, Int8Linear):
+                if not isinstance(module, QuantizedLinear):
                     continue
-                qualified = ".".join(part for part in (f"layers.{index}", name) if part)
-                scales = self._scales.pop(f"{qualified}.weight", None)
+                weight_name = ".".join(part for part in (f"layers.{index}", name, "weight") if part)
+                scales = self._scales.pop(weight_name, None)
                 if scales is None:
-                    raise RuntimeError(f"int8 weight {qualified}.weight was never read from the checkpoint")
+                    raise RuntimeError(
+                        f"{module.format_name} weight {weight_name} was never read from the checkpoint"
+                    )
                 module.weight_scale = scales
-                if module.bias is not None:
-                    module.bias = module.bias.float()
+                module.keep_bias()
                 count += 1
         return count
 
     def apply(self, model: nn.Module) -> int:
-        """Quantise the chosen layers of an already loaded ``model`` in place; returns the number of
-        `Int8Linear` modules made."""
+        """Quantise the chosen layers of an already loaded ``model`` in place, one Linear at a time (each
+        full-precision weight is dropped as its replacement is installed); returns the number of quantised
+        modules made."""
         count = 0
         for _qualified, parent, attribute, linear in list(self._linears(model)):
-            setattr(parent, attribute, Int8Linear.from_linear(linear))
+            setattr(parent, attribute, self.module_type.from_linear(linear))
             count += 1
         return count
+
+
+class Int8Plan(LinearQuantPlan):
+    """`LinearQuantPlan` with `Int8Linear` modules (every decoder Linear shape qualifies)."""
+
+    module_type = Int8Linear
 
 
 def is_int8_weight(name: str, shape: Collection[int], layers: Collection[int]) -> bool:

@@ -96,11 +96,18 @@ def choose_weight_mode(
 @dataclass(frozen=True)
 class WeightPlan:
     """How `Backbone.load` stores the text weights: ``storage_dtype`` for every tensor except the decoder
-    Linear weights of ``int8_layers`` (int8). ``label`` names the mode (logs, ``Backbone.weight_mode``)."""
+    Linear weights of ``int8_layers`` (int8) or ``fp8_layers`` (e4m3, `clef_runtime.model.fp8`). ``label``
+    names the mode (logs, ``Backbone.weight_mode``)."""
 
     storage_dtype: torch.dtype
     int8_layers: tuple[int, ...] = ()
     label: str = "fp32"
+    fp8_layers: tuple[int, ...] = ()
+
+    @property
+    def quantized_layers(self) -> tuple[int, ...]:
+        """The layers whose decoder Linears hold one byte per weight (int8 or fp8) plus a scale per row."""
+        return self.int8_layers or self.fp8_layers
 
     @property
     def bf16_storage(self) -> bool:
@@ -119,14 +126,17 @@ def plan_weights(
 ) -> WeightPlan:
     """Decide how to store the text weights of the release ``info`` for ``--weights weights``.
 
-    Only CPU fp32 compute has choices. ``fp32`` and ``bf16-storage`` are what they say; ``int8`` quantises
+    ``fp8`` (bf16 compute on a CUDA GPU that `check_fp8_device` accepts) quantises the decoder Linears of the
+    ``--int8-layers`` selection to e4m3 and holds the rest in bf16. Otherwise only CPU fp32 compute has
+    choices. ``fp32`` and ``bf16-storage`` are what they say; ``int8`` quantises
     the decoder Linears of the ``--int8-layers`` selection and stores the rest in fp32 when that fits with
     headroom (`choose_weight_mode`), else in bf16; ``auto`` keeps exact weights (fp32, else bf16 storage)
     whenever bf16 storage fits in ``available_bytes`` (default: `available_memory`) and picks int8 (the
     ``--int8-layers`` selection, bf16 elsewhere) only when it does not, saying so in the log.
 
-    Returns a `WeightPlan`. Raises `OptionsError` for ``int8`` on a non-CPU device or non-fp32 compute and
-    for an ``--int8-layers`` selection the model does not have; ValueError for an unknown mode.
+    Returns a `WeightPlan`. Raises `OptionsError` for ``int8`` on a non-CPU device or non-fp32 compute, for
+    ``fp8`` on a device that cannot run it or under non-bf16 compute, and for an ``--int8-layers`` selection
+    the model does not have; ValueError for an unknown mode.
     """
     from clef_runtime.model.memory import available_memory, estimate_model_memory
     from clef_runtime.model.quantize import describe_layers, select_int8_layers
@@ -135,6 +145,8 @@ def plan_weights(
 
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, not {weights!r}")
+    if weights == "fp8":
+        return _plan_fp8(info, device, dtype, int8_layers)
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if not cpu_fp32:
         if weights == "int8":
@@ -176,6 +188,20 @@ def plan_weights(
         describe_layers(chosen),
     )
     return WeightPlan(torch.bfloat16, chosen, label)
+
+
+def _plan_fp8(info: CheckpointInfo, device: torch.device, dtype: torch.dtype, layers_spec: str) -> WeightPlan:
+    """`plan_weights` for ``--weights fp8``: the device is asked first (on a CPU that is the whole answer),
+    then the compute dtype, then the layer selection."""
+    from clef_runtime.model.fp8 import check_fp8_device
+    from clef_runtime.model.quantize import describe_layers, select_int8_layers
+    from clef_runtime.options import OptionsError
+
+    check_fp8_device(device)
+    if dtype != torch.bfloat16:
+        raise OptionsError(f"--weights fp8 computes in bf16, not {str(dtype).removeprefix('torch.')}")
+    chosen = select_int8_layers(layers_spec, int(info.text_config["num_hidden_layers"]))
+    return WeightPlan(torch.bfloat16, label=f"fp8 layers {describe_layers(chosen)}, bf16", fp8_layers=chosen)
 
 
 def parameter_bytes(model: nn.Module) -> int:
