@@ -547,6 +547,7 @@ def fp8_step(model: Any, device: str, smoke: bool, budget_s: float) -> dict[str,
     from benchmarks.release_bench import run_release_benchmark
     from clef_runtime.engine.clef import Clef
     from clef_runtime.model.fp8 import convert_linears_to_fp8, fp8_device_problem
+    from clef_runtime.model.quantize import describe_layers, select_int8_layers
 
     backbone = model.loaded.backbone
     problem = fp8_device_problem(backbone.device)
@@ -556,7 +557,10 @@ def fp8_step(model: Any, device: str, smoke: bool, budget_s: float) -> dict[str,
     options = engine_options(device=str(backbone.device), cache_mb=0)
     bf16 = answer_each(Clef(model.loaded, options), requests)
     started = time.perf_counter()
-    converted = convert_linears_to_fp8(backbone.model)
+    # The layers users get by default (--int8-layers late), so the drift measured is theirs.
+    layers = select_int8_layers("late", len(backbone.model.layers))
+    converted = convert_linears_to_fp8(backbone.model, layers)
+    backbone.weight_mode = f"fp8 layers {describe_layers(layers)}, bf16"
     convert_s = time.perf_counter() - started
     fp8 = answer_each(Clef(model.loaded, options), requests)
     rows = hidden_drift(bf16.rows, fp8.rows)

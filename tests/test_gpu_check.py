@@ -66,6 +66,38 @@ def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(tmp_path: Path
     assert "PASSED" in markdown and "| tiny | hidden rows vs CPU fp32 (fused on) |" in markdown
     assert "| tiny | fused on vs off | no fused kernels here: on CPU |" in markdown
     assert markdown.split("| tiny | fused on vs off |")[1].splitlines()[0].endswith("| n/a |")
+    # The release step ran on the smoke geometry, fused on only (n/a off CUDA), and fp8 is n/a on CPU.
+    release = report["release"]
+    assert list(release["runs"]) == ["fused_on"]
+    run = release["runs"]["fused_on"]
+    assert [b["concurrency"] for b in run["bursts"]] == [1, 2, 4, 8]
+    assert run["state_hit"]["cache_statuses"]["hit"] == ["hit"]
+    statuses = {row["check"]: row["status"] for row in release["checks"]}
+    assert statuses["fp8 drift vs bf16 (release geometry)"] == "n/a"
+    assert statuses["release geometry fused on vs off"] == "n/a"
+    assert "| release geometry | value | threshold | passed |" in markdown and "| fused on | " in markdown
+
+
+def test_fp8_step_measures_the_drift_of_converted_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp8 step on CPU (torch's CPU ``_scaled_mm`` runs e4m3 here; the device check is what the step
+    asks of a GPU, patched): the late layers are converted in place, and the drift against the bf16
+    answers is measured on the same random weights, so it is not zero and stays bounded."""
+    from benchmarks.release_bench import SMOKE_PLAN
+    from devtools.device_model import build_device_model
+
+    from clef_runtime.model import fp8
+
+    monkeypatch.setattr(fp8, "fp8_device_problem", lambda device: None)
+    model = build_device_model(SMOKE_PLAN.geometry, device="cpu", dtype=torch.bfloat16, name="tiny")
+    result = gpu_check.fp8_step(model, "cpu", smoke=True, budget_s=5.0)
+    drift = result["drift"]
+    assert drift["fp8_linears"] > 0 and drift["fp8_linears"] == fp8.fp8_linear_count(
+        model.loaded.backbone.model
+    )
+    assert 0.0 < drift["max_rel_l2"] < 0.5, drift
+    assert model.loaded.backbone.weight_mode.startswith("fp8 layers ")
+    assert result["checks"][0]["status"] == "passed" and not result["checks"][0]["gating"]
+    assert result["run"]["latency"][0]["p50_ms"] > 0
 
 
 @pytest.mark.slow

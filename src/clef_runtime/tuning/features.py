@@ -88,7 +88,8 @@ def model_fingerprint(clef: Any) -> dict[str, Any]:
         "files": [list(entry) for entry in files],
         "dtype": clef.card.compute_dtype,
         "weights": clef.card.weight_mode,
-        "int8_layers": clef.options.int8_layers if clef.card.weight_mode == "int8" else None,
+        # The selection matters only where layers are quantised (the label reads "int8 layers 12-31, ...").
+        "int8_layers": clef.options.int8_layers if clef.options.weights in ("int8", "fp8") else None,
         "device": torch.device(clef.card.device).type,
     }
 
