@@ -46,6 +46,8 @@ ROOT_MODULES = (
     "clef_runtime.engine.clef",
     "benchmarks.gpu_check",
 )
+# What `clef serve` imports only when it starts (serve_command.py imports uvicorn inside its function).
+START_TIME_IMPORTS = ("uvicorn",)
 OWN_DISTRIBUTION = "clef-runtime"
 # The fused Gated DeltaNet kernels (model/fused.py) are imported on CUDA only, so the CPU closure cannot see
 # them: pyproject's `cuda` extra names the package whose Triton kernels compile on the device.
@@ -172,7 +174,7 @@ def import_closure(modules: Iterable[str] = ROOT_MODULES) -> set[str]:
     """The distributions our code imports when the roots load. An import only a third party makes is either
     in its Requires-Dist (carried with it by resolve) or an optional one it guards (uvicorn's watchfiles,
     transformers' scipy), which the emulated image (emulate.sh) shows the device does without."""
-    return imported_distributions(imported_top_modules(modules))
+    return imported_distributions(imported_top_modules(modules) | set(START_TIME_IMPORTS))
 
 
 class MetadataSource(Protocol):
