@@ -678,8 +678,10 @@ def release_markdown(release: dict[str, Any]) -> list[str]:
     lines = ["", "| release geometry | value | threshold | passed |", "|---|---|---|---|"]
     for row in release["checks"]:
         status = {"passed": "yes", "failed": "**no**", "n/a": "n/a"}[row["status"]]
-        if row["status"] == "passed" and not row["gating"]:
+        if row["threshold"] == "recorded" and row["status"] == "passed":
             status = "recorded"
+        elif row["status"] != "n/a" and not row["gating"]:
+            status += " (not gating here)"
         lines.append(f"| {row['check']} | {shown(row['value'])} | {row['threshold']} | {status} |")
     runs = {**release["runs"]}
     if "run" in release["fp8"]:

@@ -351,7 +351,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", type=Path, required=True, help="where the report goes (JSON)")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    parser.add_argument("--smoke", action="store_true", help="the tiny geometry, small sizes (CPU, seconds)")
+    parser.add_argument(
+        "--smoke",
+        "--quick",
+        dest="smoke",
+        action="store_true",
+        help="the tiny geometry, small sizes (CPU, seconds)",
+    )
     parser.add_argument(
         "--budget-s", type=float, default=240.0, help="seconds for everything, both fused settings (240)"
     )
