@@ -5,6 +5,7 @@ control (``--self-test``: one layer 10% wrong) makes the check fail."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 from benchmarks import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
+CHECK_SH = ROOT / "benchmarks" / "device" / "check.sh"
 
 
 def run_gpu_check(*arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -28,15 +30,43 @@ def checks_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {row["check"]: row for row in report["models"]["tiny"]["checks"]}
 
 
+@pytest.fixture(scope="module")
+def one_call(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """benchmarks/device/check.sh, the one device call, on CPU with this interpreter (nothing to carry): the
+    import smoke, the check and its negative control."""
+    out = tmp_path_factory.mktemp("device-call")
+    wheels = tmp_path_factory.mktemp("wheels")
+    done = subprocess.run(
+        ["bash", str(CHECK_SH), str(out), str(wheels), "--device", "cpu", "--smoke", "--requests", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, "SELF_TEST_REQUESTS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    return done, out
+
+
 @pytest.mark.slow
-def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(tmp_path: Path) -> None:
-    out = tmp_path / "gpu-check.json"
-    done = run_gpu_check("--device", "cpu", "--smoke", "--requests", "2", "--json", str(out), timeout=600)
+def test_the_one_call_passes_the_check_and_fails_its_self_test(
+    one_call: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, _ = one_call
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "import smoke: {" in done.stdout and "'mcp': '" in done.stdout
+    assert "gpu_check: exit 0 (must be 0); --self-test: exit 1 (must be 1)" in done.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_on_cpu_checks_and_writes_its_report(
+    one_call: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    out = one_call[1] / "gpu-check.json"
     report = json.loads(out.read_text())
     checks = checks_by_name(report)
     gating = {name: row["status"] for name, row in checks.items() if row["gating"]}
     assert all(status == "passed" for status in gating.values()) and report["passed"], gating
-    assert done.returncode == 0, done.stderr[-2000:]
     # CPU against CPU fp32 (tiny is narrow: auto computes fp32): the hidden rows must be ~equal, and the
     # same with 256-token steps, cache miss and hit.
     for label in ("fused on", "256-token steps, cache miss", "256-token steps, cache hit"):
@@ -101,13 +131,11 @@ def test_fp8_step_measures_the_drift_of_converted_weights(monkeypatch: pytest.Mo
 
 
 @pytest.mark.slow
-def test_gpu_check_self_test_fails_on_the_hidden_rows(tmp_path: Path) -> None:
-    out = tmp_path / "gpu-check.json"
-    done = run_gpu_check(
-        "--device", "cpu", "--smoke", "--self-test", "--requests", "2", "--json", str(out), timeout=600
-    )
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert "the gates caught it" in done.stderr
+def test_gpu_check_self_test_fails_on_the_hidden_rows(
+    one_call: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    out = one_call[1] / "self-test.json"
+    assert "the gates caught it" in (one_call[1] / "self-test.log").read_text()
     report = json.loads(out.read_text())
     checks = checks_by_name(report)
     assert not report["passed"]
@@ -135,6 +163,19 @@ def test_perturbed_restores_the_exact_weights() -> None:
     with gpu_check.perturbed(backbone):
         assert torch.allclose(weight, saved * gpu_check.SELF_TEST_SCALE)
     assert torch.equal(weight, saved)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"), [([], "usage:"), (["out", "/nonexistent/wheels"], "is not a folder")]
+)
+def test_the_one_call_refuses_bad_arguments_with_exit_2(
+    tmp_path: Path, arguments: list[str], message: str
+) -> None:
+    done = subprocess.run(
+        ["bash", str(CHECK_SH), *arguments], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_gpu_check_refuses_cuda_without_a_device(tmp_path: Path) -> None:

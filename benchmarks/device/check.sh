@@ -7,8 +7,9 @@
 #
 # Writes OUT/gpu-check.json and .md (the check) and OUT/self-test.json and .md (the negative control). Exit 0
 # only if the check passed (its exit 0) and the self-test was caught (its exit 1); 2 for bad arguments.
-# PYTHON picks the interpreter (default python3: the machine's, with its CUDA torch). emulate.sh runs this
-# same script on an emulated image with `--device cpu --smoke`.
+# PYTHON picks the interpreter (default python3: the machine's, with its CUDA torch); SELF_TEST_REQUESTS the
+# negative control's requests (8). WHEELS may be empty where the interpreter has everything (the test suite).
+# emulate.sh runs this same script on an emulated image with `--device cpu --smoke`.
 set -uo pipefail
 
 [ $# -ge 2 ] || { echo "usage: $0 OUT WHEELS [gpu_check arguments...]" >&2; exit 2; }
@@ -22,8 +23,13 @@ site="$(mktemp -d)"
 mkdir -p "$out"
 
 started=$SECONDS
-"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl \
-    || { echo "$0: the carried wheels did not install" >&2; exit 1; }
+shopt -s nullglob
+carried=("$wheels"/*.whl)
+if [ ${#carried[@]} -gt 0 ]; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${carried[@]}" \
+        || { echo "$0: the carried wheels did not install" >&2; exit 1; }
+fi
+echo "carried: ${#carried[@]} wheels"
 export PYTHONPATH="$here/src:$here:$site" HF_HUB_OFFLINE=1 CLEF_CACHE_DIR="${CLEF_CACHE_DIR:-/tmp/clef-cache}"
 cd "$here"
 
@@ -52,7 +58,8 @@ echo "import smoke: $((SECONDS - started)) s"
 check=$?
 # The negative control: one layer 10% wrong must fail the gates (exit 1; 0 would be a check that cannot
 # fail, anything else a crash). Its release step is skipped: it measures speed, not correctness.
-"$python" -m benchmarks.gpu_check "${arguments[@]}" --self-test --requests 8 --json "$out/self-test.json" \
+"$python" -m benchmarks.gpu_check "${arguments[@]}" --self-test --requests "${SELF_TEST_REQUESTS:-8}" \
+    --json "$out/self-test.json" \
     > "$out/self-test.log" 2>&1
 self_test=$?
 rm -rf "$site"
