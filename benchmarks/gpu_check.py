@@ -733,13 +733,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--release-budget-s",
         type=float,
         default=None,
-        help="seconds for the release geometry's measurements and fp8 (300; smoke 20; 0: not run)",
+        help="seconds for the release geometry's measurements and fp8 (240; smoke 20; 0: not run)",
     )
     args = parser.parse_args(argv)
     if args.release_budget_s is not None and args.release_budget_s < 0:
         parser.error(f"--release-budget-s must be 0 or more, got {args.release_budget_s}")
     if args.release_budget_s is None:
-        args.release_budget_s = 20.0 if args.smoke else 300.0
+        args.release_budget_s = 20.0 if args.smoke else 240.0
     args.requests = args.requests or (4 if args.smoke else 64)
     args.tokens = args.tokens or (128 if args.smoke else 512)
     args.rounds = args.rounds or (2 if args.smoke else 4)
