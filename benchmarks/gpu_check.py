@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from devtools.flags import engine_options
+from devtools.flags import add_device_check_arguments, engine_options
 from devtools.models import resolve_model
 from devtools.requests import STATE_WORDS, drift, generated_requests, make_state
 from devtools.results import save, start_report
@@ -713,14 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=Path, required=True, help="the report (JSON); the table goes beside it as .md"
     )
-    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    parser.add_argument(
-        "--smoke",
-        "--quick",
-        dest="smoke",
-        action="store_true",
-        help="tiny, few requests: the plumbing (CPU, seconds)",
-    )
+    add_device_check_arguments(parser, "tiny, few requests: the plumbing (CPU, seconds)")
     parser.add_argument(
         "--self-test",
         action="store_true",

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 from devtools.device_model import DeviceModel, build_device_model
+from devtools.flags import add_device_check_arguments
 from devtools.requests import STATE_WORDS
 from devtools.results import save, start_report
 
@@ -350,14 +351,7 @@ def run_release_benchmark(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", type=Path, required=True, help="where the report goes (JSON)")
-    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    parser.add_argument(
-        "--smoke",
-        "--quick",
-        dest="smoke",
-        action="store_true",
-        help="the tiny geometry, small sizes (CPU, seconds)",
-    )
+    add_device_check_arguments(parser, "the tiny geometry, small sizes (CPU, seconds)")
     parser.add_argument(
         "--budget-s", type=float, default=240.0, help="seconds for everything, both fused settings (240)"
     )

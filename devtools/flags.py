@@ -96,3 +96,10 @@ def serve_flags(**values: Any) -> list[str]:
         else:
             argv += _flags(strings[0], None, "value", value)
     return argv
+
+
+def add_device_check_arguments(parser: argparse.ArgumentParser, smoke_help: str) -> None:
+    """``--device`` (default cuda) and ``--smoke`` / ``--quick`` (a plumbing run on CPU, ``smoke_help``
+    says what it runs), shared by the device check and the release bench."""
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    parser.add_argument("--smoke", "--quick", dest="smoke", action="store_true", help=smoke_help)
