@@ -18,6 +18,8 @@ from benchmarks import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_SH = ROOT / "benchmarks" / "device" / "check.sh"
+# Two requests and a 5 s release step: every check and measurement still runs (first runs always do).
+SMOKE_ARGUMENTS = ("--device", "cpu", "--smoke", "--requests", "2", "--release-budget-s", "5")
 
 
 def run_gpu_check(*arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -37,7 +39,7 @@ def one_call(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     out = tmp_path_factory.mktemp("device-call")
     wheels = tmp_path_factory.mktemp("wheels")
     done = subprocess.run(
-        ["bash", str(CHECK_SH), str(out), str(wheels), "--device", "cpu", "--smoke", "--requests", "2"],
+        ["bash", str(CHECK_SH), str(out), str(wheels), *SMOKE_ARGUMENTS],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable, "SELF_TEST_REQUESTS": "2"},
         capture_output=True,
