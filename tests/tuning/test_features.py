@@ -137,3 +137,11 @@ def test_hidden_rows_are_stored_in_bf16_only_when_lossless(tmp_path: Path) -> No
     assert wide_read.hidden.dtype == torch.float32 and torch.equal(wide_read.hidden, wide)
     other = HeadLayout(type_ids=[0], question_spans=[(0, 1)], option_spans=[[(1, 2), (2, 4)]])
     assert store.read("aa" + "0" * 62, other) is None  # made for a row laid out otherwise: a miss
+
+
+def test_the_fingerprint_records_the_quantised_layer_selection_only_where_layers_are_quantised() -> None:
+    # The card's label reads "int8 layers ..., fp32", never a bare "int8": the selection is read from the
+    # options' weight mode, so an int8 engine's features are keyed by the layers it quantised.
+    int8 = Clef.load("tiny", weights="int8", int8_layers="all", cache_mb=0)
+    assert model_fingerprint(int8)["int8_layers"] == "all"
+    assert model_fingerprint(Clef.load("tiny", weights="fp32", cache_mb=0))["int8_layers"] is None
