@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -23,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem
+from clef_runtime.protocol.explain import ExplainOptions, explain_options
 from clef_runtime.protocol.plain_errors import error_loc, plain_message, validate_object
 from clef_runtime.protocol.values import Text, check_json_value, check_keys
 
@@ -180,6 +182,12 @@ class SystemOneRequest(BaseModel):
         default=False,
         description="Answer each question as if it were asked alone (one request per question, sharing the "
         "state's prefill), instead of jointly (the default: the head reads all questions together).",
+    )
+    x_explain: Annotated[ExplainOptions | None, BeforeValidator(explain_options)] = Field(
+        default=None,
+        description='Evidence for every answer: true, or {"top_k": 1-20 (5), "granularity": "word" | "token" '
+        '| "field"}. Each answer gains x_evidence (the state spans that most support it, with character '
+        "offsets into the rendered state and, for JSON, a JSON pointer); off (and free) by default.",
     )
 
     @field_validator("questions", mode="before")
