@@ -75,6 +75,10 @@ class Decision:
     calibration): what ``answers`` rounds. None where the engine does not report them."""
     head: HeadIdentity | None = None
     """The head that computed the answers (``X-Clef-Head``, ``x_head``); None where the engine has none."""
+    explanation: dict[str, Any] | None = None
+    """With ``x_explain``: how the answers' ``x_evidence`` was computed (``method``, ``granularity``,
+    ``top_k``, what a ``weight`` means and, for a JSON state, the rendered ``state_text`` the spans' offsets
+    point into): the body's ``x_explain``. None without it."""
 
     def body(self, *, deterministic: bool = False) -> dict[str, Any]:
         """The System One response body. ``deterministic``: identical requests must give identical bytes,
@@ -95,4 +99,6 @@ class Decision:
             body["x_calibration"] = self.calibration
         if self.head is not None:
             body["x_head"] = self.head.as_api()
+        if self.explanation is not None:
+            body["x_explain"] = self.explanation
         return body
