@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -441,6 +441,8 @@ class JointSchemaHead(nn.Module):
         }
         #: Rows per block when projecting hidden rows to memory (bounds the fp32 working set).
         self.memory_chunk_rows = DEFAULT_MEMORY_CHUNK_ROWS
+        #: Set by `recording_attention` only: every memory attention's probabilities, tagged by kind.
+        self._attention_log: list[tuple[str, Tensor]] | None = None
 
         self.hidden_norm = nn.LayerNorm(hidden_size, eps=LAYER_NORM_EPS)
         self.memory_projection = nn.Linear(hidden_size, width, bias=False)
@@ -602,6 +604,35 @@ class JointSchemaHead(nn.Module):
             packed = self._option_features(hidden_rows, lexical_rows, index)
         return packed.split(index.option_counts)
 
+    def memory_rows(self, hidden: Tensor) -> Tensor:
+        """The memory [T, width] fp32 every routing and decoder layer attends to: LN(hidden) projected.
+        Attribution (`clef_runtime.model.attribution`) differentiates with respect to it: the head reads a
+        state row only through its memory row, and a row's raw hidden vector would give gradient x input
+        0 (the LayerNorm makes the head blind to a row's scale)."""
+        return self._memory_rows(hidden.to(self.device))
+
+    def logits_from_memory(
+        self, hidden: Tensor, layout: HeadLayout, option_lexical: Tensor, memory: Tensor
+    ) -> Tensor:
+        """One record's [O] logits with ``memory`` (what `memory_rows` gives, or a tensor derived from it,
+        e.g. scaled or with grad) in place of the memory computed from ``hidden``; with autograd when grad is
+        enabled. Raises like `score`."""
+        index = self._batch_index([hidden], [layout], [option_lexical])
+        hidden_rows, lexical_rows = self._packed_inputs([hidden], [option_lexical])
+        return self._score_options(self._option_features(hidden_rows, lexical_rows, index, memory=memory))
+
+    @contextlib.contextmanager
+    def recording_attention(self) -> Iterator[list[tuple[str, Tensor]]]:
+        """Within the block, every forward appends each memory attention's probabilities [B, heads, L, T]
+        to the yielded list, tagged ``"evidence"`` (a routing layer: options attend) or ``"decoder"`` (a
+        decoder layer: fields attend), in layer order. Not thread-safe: the caller holds the model."""
+        log: list[tuple[str, Tensor]] = []
+        self._attention_log = log
+        try:
+            yield log
+        finally:
+            self._attention_log = None
+
     def option_logits(self, features: OptionFeatures) -> Tensor:
         """The [O] logits of (possibly concatenated) `OptionFeatures`: the last step of the forward, with
         autograd when grad is enabled (the features themselves are constants)."""
@@ -725,8 +756,16 @@ class JointSchemaHead(nn.Module):
         values: Tensor,
         attention: nn.MultiheadAttention,
         key_mask: Tensor | None,
+        tag: str | None = None,
     ) -> Tensor:
-        """Multi-head attention output (after out_proj) for already projected, head-split q/k/v."""
+        """Multi-head attention output (after out_proj) for already projected, head-split q/k/v; ``tag``
+        names a memory attention for `recording_attention`."""
+        log = self._attention_log
+        if log is not None and tag is not None:
+            scores = torch.matmul(queries, keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, -math.inf)
+            log.append((tag, torch.softmax(scores, dim=-1).detach()))
         mixed = F.scaled_dot_product_attention(queries, keys, values, attn_mask=key_mask)
         batch, _, length, _ = mixed.shape
         merged = mixed.transpose(1, 2).reshape(batch, length, self.width)
@@ -739,10 +778,11 @@ class JointSchemaHead(nn.Module):
         values: Tensor,
         attention: nn.MultiheadAttention,
         key_mask: Tensor | None,
+        tag: str,
     ) -> Tensor:
         width = self.width
         queries = F.linear(query_input, attention.in_proj_weight[:width], attention.in_proj_bias[:width])
-        return self._attend(self._split_heads(queries), keys, values, attention, key_mask)
+        return self._attend(self._split_heads(queries), keys, values, attention, key_mask, tag)
 
     def _self_attend(
         self, inputs: Tensor, attention: nn.MultiheadAttention, key_mask: Tensor | None
@@ -761,12 +801,13 @@ class JointSchemaHead(nn.Module):
         return self._score_options(self._option_features(hidden_rows, lexical_rows, index))
 
     def _option_features(
-        self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex
+        self, hidden_rows: Tensor, lexical_rows: Tensor, index: _BatchIndex, memory: Tensor | None = None
     ) -> OptionFeatures:
         """The forward up to the scoring step: routing, joint decoding and the parameter-free pieces of the
-        scores, packed per option."""
+        scores, packed per option (``memory``: given instead of computed from ``hidden_rows``)."""
         batch, width = index.batch_size, self.width
-        memory = self._memory_rows(hidden_rows)  # [N, W], also used un-normalised by the decoder
+        if memory is None:
+            memory = self._memory_rows(hidden_rows)  # [N, W], also used un-normalised by the decoder
         span_means = self._span_means(hidden_rows, index)
         num_questions = index.question_types.shape[0]
         question_means, option_context = span_means[:num_questions], span_means[num_questions:]
@@ -783,7 +824,12 @@ class JointSchemaHead(nn.Module):
         for layer in cast("Iterable[_EvidenceLayer]", self.evidence_layers):
             keys, values = self._keys_values(_layer_norm(memory, layer.memory_norm), layer.attention, index)
             routed = routed + self._cross_attend(
-                _layer_norm(routed, layer.query_norm), keys, values, layer.attention, index.token_key_mask
+                _layer_norm(routed, layer.query_norm),
+                keys,
+                values,
+                layer.attention,
+                index.token_key_mask,
+                "evidence",
             )
             routed = routed + self._feedforward(
                 _layer_norm(routed, layer.feedforward_norm),
@@ -825,6 +871,7 @@ class JointSchemaHead(nn.Module):
                 values,
                 decoder_layer.multihead_attn,
                 index.token_key_mask,
+                "decoder",
             )
             fields = fields + self._feedforward(
                 _layer_norm(fields, decoder_layer.norm3), decoder_layer.linear1, decoder_layer.linear2
