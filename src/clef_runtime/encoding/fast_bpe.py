@@ -102,6 +102,11 @@ class FastQwenTokenizer:
         self.exact_calls += len(slow)
         return out  # type: ignore[return-value]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character offsets of ``text``: the exact tokenizer's (tiktoken tracks no offsets),
+        whose ids are the fast path's."""
+        return self.exact.encode_with_offsets(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (the HF tokenizer's decoding)."""
         return self.exact.decode(ids)

@@ -350,6 +350,39 @@ def _first_unencodable(text: str) -> int | None:
     return None
 
 
+def _lone_surrogate_error(text: str, label: str) -> ValueError | None:
+    """The error for a ``text`` that UTF-8 cannot encode, naming it ``label`` and the position; None when
+    ``text`` is encodable."""
+    position = _first_unencodable(text)
+    if position is None:
+        return None
+    return ValueError(
+        f"{label} has a lone surrogate U+{ord(text[position]):04X} at character {position}; "
+        "it cannot be encoded as UTF-8"
+    )
+
+
+def _tiling_offsets(raw: Sequence[tuple[int, int]], text_length: int) -> list[tuple[int, int]]:
+    """``tokenizers``' character offsets made to tile ``[0, text_length]`` (see
+    :meth:`ClefTokenizer.encode_with_offsets`).
+
+    ``tokenizers`` gives every token that holds part of a character that whole character's range (so ranges
+    repeat), and maps a character NFC composed into its base to no token (so ranges leave gaps). Each token
+    here ends where its raw range ends, or where the next token's raw range starts when that is later (the
+    gap belongs to the base before it), never before the previous token; the last ends at the text's end.
+    """
+    offsets: list[tuple[int, int]] = []
+    start = 0
+    for index, (_, raw_end) in enumerate(raw):
+        if index + 1 == len(raw):
+            end = text_length
+        else:
+            end = min(max(start, raw_end, raw[index + 1][0]), text_length)
+        offsets.append((start, end))
+        start = end
+    return offsets
+
+
 def _parse_tokenizer_json(tokenizer_json: str, source: str) -> Tokenizer:
     """``Tokenizer.from_str`` with its bare ``Exception`` turned into a :class:`TokenizerLoadError` naming
     ``source``."""
@@ -568,14 +601,38 @@ class ClefTokenizer:
         except TypeError:
             # tokenizers rejects strs that are not valid Unicode scalar sequences with a bare TypeError.
             for index, text in enumerate(text_list):
-                position = _first_unencodable(text)
-                if position is not None:
-                    raise ValueError(
-                        f"text {index} has a lone surrogate U+{ord(text[position]):04X} at character "
-                        f"{position}; it cannot be encoded as UTF-8"
-                    ) from None
+                error = _lone_surrogate_error(text, f"text {index}")
+                if error is not None:
+                    raise error from None
             raise
         return [encoding.ids for encoding in encodings]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` (the same as :meth:`encode`) and each token's ``(start, end)`` character
+        offsets (str indexes) into ``text``.
+
+        The offsets tile the text: the first token starts at 0, each token starts where the one before ends,
+        the last ends at ``len(text)``, so ``text[start:end]`` over the tokens concatenates back to ``text``.
+        A character whose UTF-8 bytes are split over several tokens belongs to the first of them; the others
+        get an empty range at its end. A character that NFC composed into the one before it (a combining
+        mark after its base in NFD text) belongs to the token of that base.
+
+        Returns:
+            The ids and one offset pair per id.
+
+        Raises:
+            TypeError: ``text`` is not a str.
+            ValueError: ``text`` contains a lone surrogate (not encodable as UTF-8).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text is {type(text).__name__}, expected str")
+        error = _lone_surrogate_error(text, "text")
+        if error is not None:
+            raise error
+        # The plain (not "fast") encode tracks offsets; its ids are the same as encode_batch_fast's.
+        with self._lock:
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, _tiling_offsets(encoding.offsets, len(text))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens kept as their text (e.g. ``<|im_start|>``); byte sequences that are
