@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from clef_runtime.encoding.encoder import Encoder
     from clef_runtime.engine.preparer import RequestPreparer
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "evidence_lines", "main"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -266,11 +266,63 @@ def _load_clef(args: argparse.Namespace) -> Any:
         return None
 
 
+_EXPLAIN_FLAGS = {"top_k": "--explain-top-k", "granularity": "--explain-granularity"}
+
+
+def _explain_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``clef decide``'s ``x_explain``: None without the explain flags; ``--explain-top-k`` or
+    ``--explain-granularity`` alone turn it on too. Raises `OptionsError` naming the flag of a bad value
+    (validated as the request field is, before the model loads)."""
+    given = {field: getattr(args, f"explain_{field}") for field in _EXPLAIN_FLAGS}
+    given = {field: value for field, value in given.items() if value is not None}
+    if not (args.explain or given):
+        return None
+    from clef_runtime.protocol.explain import checked_explain
+
+    try:
+        checked_explain(given)
+    except RequestValidationError as exc:
+        error = exc.errors[0]
+        field = error["loc"][-1]
+        raise OptionsError(f"{_EXPLAIN_FLAGS.get(str(field), '--explain')}: {error['msg']}") from None
+    return given
+
+
+def evidence_lines(body: dict[str, Any]) -> list[str]:
+    """The answers' evidence of a System One response, for people: one line per span, strongest first
+    within each answer: question id, rank, weight, then the text quoted with its ``[start:end]`` character
+    offsets in the rendered state and its JSON pointer (for a JSON state), or an image's index and patch box.
+    No line for an answer without ``x_evidence``."""
+    lines: list[str] = []
+    for question_id, answer in body.get("answers", {}).items():
+        for rank, span in enumerate(answer.get("x_evidence", ()), start=1):
+            lines.append(f"{question_id} #{rank} {span['weight']:+.4f} {_where(span)}")
+    return lines
+
+
+def _where(span: dict[str, Any]) -> str:
+    if "image" in span:
+        return f"image {span['image']} box {span['box']}"
+    quoted = f"{json.dumps(span['text'], ensure_ascii=False)} [{span['start']}:{span['end']}]"
+    return f"{quoted} {span['path']}" if span.get("path") else quoted
+
+
 def _cmd_decide(args: argparse.Namespace) -> int:
+    explain = _explain_of(args)
     clef = _load_clef(args)
     if clef is None:
         return EXIT_FAILURE
-    return _run_per_request(args, args.stream, clef.decide)
+    if explain is None:
+        return _run_per_request(args, args.stream, clef.decide)
+
+    def decide_and_show_evidence(request: Any) -> dict[str, Any]:
+        # The spans go to stderr, for the person at the terminal: stdout stays the JSON alone.
+        body: dict[str, Any] = clef.decide(request, explain=explain)
+        for line in evidence_lines(body):
+            print(line, file=sys.stderr)
+        return body
+
+    return _run_per_request(args, args.stream, decide_and_show_evidence)
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -369,6 +421,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(dec)
     dec.add_argument(
         "--jsonl", action="store_true", help="one request per line in, one response per line out"
+    )
+    dec.add_argument(
+        "--explain",
+        action="store_true",
+        help="evidence for every answer (x_explain): each answer gains x_evidence, and its spans are "
+        "also printed to stderr, one line each",
+    )
+    dec.add_argument(
+        "--explain-top-k",
+        type=int,
+        metavar="N",
+        help="spans per answer, 1-20 (default 5); implies --explain",
+    )
+    dec.add_argument(
+        "--explain-granularity",
+        choices=("word", "token", "field"),
+        help="what a span is: word (default), token or field; implies --explain",
     )
     dec.add_argument("file", nargs="?", default="-", metavar="FILE|-", help=INPUT_HELP)
     dec.set_defaults(func=_cmd_decide)

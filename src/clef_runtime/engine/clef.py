@@ -49,6 +49,7 @@ from clef_runtime.model.memory import available_memory
 from clef_runtime.model.resolve import ResolvedModel, resolve_model
 from clef_runtime.model.state import BackboneState
 from clef_runtime.options import HEAD_NAME, EngineOptions, parse_head_specs
+from clef_runtime.protocol.explain import ExplainOptions, checked_explain
 from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.protocol.systemone import SystemOneRequest
 from clef_runtime.release import TOKENIZER_FILE
@@ -58,10 +59,12 @@ __all__ = [
     "Clef",
     "DecisionItem",
     "DecisionTimings",
+    "ExplainArgument",
     "LoadedModel",
     "PreparedRequest",
     "default_cache_bytes",
     "default_step_tokens",
+    "with_explain",
 ]
 
 logger = logging.getLogger("clef_runtime.engine")
@@ -105,6 +108,27 @@ Prepared = PreparedRequest | IndependentRequest[PreparedRequest]
 
 #: What `Clef.decide_encoded` accepts per item.
 DecisionItem = Prepared | tuple[SystemOneRequest, EncodedRecord | PreparedRequest]
+
+#: `Clef.decide`'s ``explain``: None leaves the request's own ``x_explain``; False turns it off; True, an
+#: ``x_explain`` object or `ExplainOptions` turns it on.
+ExplainArgument = bool | dict[str, Any] | ExplainOptions | None
+
+
+def with_explain(request: Any, explain: ExplainArgument) -> Any:
+    """``request`` (a body dict or a parsed `SystemOneRequest`) with its ``x_explain`` set from ``explain``
+    (None: unchanged; anything else neither a dict nor a request is returned as it is, for `Clef.prepare`
+    to refuse). Raises ``RequestValidationError`` naming ``x_explain.top_k`` and so on for a bad value."""
+    if explain is None:
+        return request
+    options = checked_explain(explain)
+    if isinstance(request, SystemOneRequest):
+        return request.model_copy(update={"x_explain": options})
+    if isinstance(request, dict):
+        body = {key: value for key, value in request.items() if key != "x_explain"}
+        if options is not None:
+            body["x_explain"] = options.model_dump()
+        return body
+    return request
 
 
 @dataclass
@@ -471,16 +495,22 @@ class Clef(CardedEngine):
             raise ValueError("an x_independent request is several rows: encode its questions one by one")
         return prepared.record
 
-    def decide(self, request: Any) -> dict[str, Any]:
-        """Answer one request (text and images); returns the System One response dict. Raises
-        ``RequestValidationError`` / ``InputTooLongError`` for bad input."""
-        return self.decide_encoded([self.prepare(request)])[0].body()
+    def decide(self, request: Any, *, explain: ExplainArgument = None) -> dict[str, Any]:
+        """Answer one request (text and images); returns the System One response dict. ``explain`` (True,
+        an ``x_explain`` object such as ``{"top_k": 3}``, or `ExplainOptions`) sets the request's
+        ``x_explain``: each answer then carries its ``x_evidence``. Raises ``RequestValidationError`` /
+        ``InputTooLongError`` for bad input (a bad ``explain`` names ``x_explain.top_k`` and so on)."""
+        return self.decide_encoded([self.prepare(with_explain(request, explain))])[0].body()
 
-    def decide_many(self, items: Sequence[Any]) -> list[dict[str, Any]]:
+    def decide_many(self, items: Sequence[Any], *, explain: ExplainArgument = None) -> list[dict[str, Any]]:
         """Answer several requests together: request bodies or `decide_encoded` items; one System One
-        response per item, in order. Raises like `decide` and `decide_encoded`."""
+        response per item, in order. ``explain`` sets every request body's ``x_explain`` as in `decide`
+        (items already prepared keep what they were prepared with). Raises like `decide` and
+        `decide_encoded`."""
         work = [
-            item if isinstance(item, PreparedRequest | IndependentRequest | tuple) else self.prepare(item)
+            item
+            if isinstance(item, PreparedRequest | IndependentRequest | tuple)
+            else self.prepare(with_explain(item, explain))
             for item in items
         ]
         return [decision.body() for decision in self.decide_encoded(work)]

@@ -27,6 +27,9 @@ The mapping (what the model reads), field by field:
 Answers: ``predicate {name, probability}``, ``choice {name, choice, confidence, probabilities: [{value,
 probability}]}`` (choices order), ``score {name, score, confidence, probabilities: [{value, label,
 probability}]}``; a question without an answer would get ``refusal {name}`` (Clef always answers).
+
+``x_explain`` is passed on as it is; each answer then carries its ``x_evidence`` (offsets into the rendered
+System One state the mapping built) and the response the engine's ``x_explain`` record.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError
+from clef_runtime.protocol.explain import EXPLAIN_DESCRIPTION, ExplainField, explain_wire
 from clef_runtime.protocol.plain_errors import error_loc, plain_error, validate_object
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
@@ -350,6 +354,7 @@ class DecisionsRequest(BaseModel):
         ),
     ] = Field(description="A string, or an ordered array of messages and tool items.")
     questions: Annotated[list[DecisionQuestion], Field(min_length=1, max_length=MAX_QUESTIONS)]
+    x_explain: ExplainField = Field(default=None, description=EXPLAIN_DESCRIPTION)
 
 
 # ----------------------------------------------------------------------------------------- responses
@@ -682,6 +687,9 @@ def to_systemone(request: DecisionsRequest) -> tuple[dict[str, Any], DecisionPla
         body["images"] = images
     if request.model is not None:
         body["model"] = request.model
+    explain = explain_wire(request.x_explain)
+    if explain is not None:
+        body["x_explain"] = explain
     return body, DecisionPlan(tuple(planned))
 
 
@@ -708,6 +716,40 @@ def translate_error_loc(loc: tuple[Any, ...], plan: DecisionPlan) -> tuple[Any, 
     return loc
 
 
+def _answer_of(planned: PlannedQuestion, answer: dict[str, Any]) -> dict[str, Any]:
+    """One question's decisions answer from its System One answer (its ``x_evidence`` kept when present)."""
+    out: dict[str, Any]
+    if planned.kind == "predicate":
+        out = {"type": "predicate", "name": planned.name, "probability": answer["noul"]}
+    elif planned.kind == "choice":
+        by_key = dict(planned.choice_values)
+        probabilities = answer["probabilities"]
+        out = {
+            "type": "choice",
+            "name": planned.name,
+            "choice": by_key[answer["choice"]],
+            "confidence": answer["confidence"],
+            "probabilities": [
+                {"value": value, "probability": probabilities[key]} for key, value in planned.choice_values
+            ],
+        }
+    else:
+        probabilities = answer["probabilities"]
+        out = {
+            "type": "score",
+            "name": planned.name,
+            "score": answer["score"],
+            "confidence": answer["confidence"],
+            "probabilities": [
+                {"value": i, "label": label, "probability": probabilities[str(i)]}
+                for i, label in enumerate(planned.level_labels)
+            ],
+        }
+    if "x_evidence" in answer:
+        out["x_evidence"] = answer["x_evidence"]
+    return out
+
+
 def to_decision_response(systemone: dict[str, Any], plan: DecisionPlan) -> dict[str, Any]:
     """Build the decisions response body from the engine's System One response and the mapping plan.
 
@@ -722,37 +764,7 @@ def to_decision_response(systemone: dict[str, Any], plan: DecisionPlan) -> dict[
         if answer is None:
             answers.append({"type": "refusal", "name": planned.name})
             continue
-        if planned.kind == "predicate":
-            answers.append({"type": "predicate", "name": planned.name, "probability": answer["noul"]})
-        elif planned.kind == "choice":
-            by_key = dict(planned.choice_values)
-            probabilities = answer["probabilities"]
-            answers.append(
-                {
-                    "type": "choice",
-                    "name": planned.name,
-                    "choice": by_key[answer["choice"]],
-                    "confidence": answer["confidence"],
-                    "probabilities": [
-                        {"value": value, "probability": probabilities[key]}
-                        for key, value in planned.choice_values
-                    ],
-                }
-            )
-        else:
-            probabilities = answer["probabilities"]
-            answers.append(
-                {
-                    "type": "score",
-                    "name": planned.name,
-                    "score": answer["score"],
-                    "confidence": answer["confidence"],
-                    "probabilities": [
-                        {"value": i, "label": label, "probability": probabilities[str(i)]}
-                        for i, label in enumerate(planned.level_labels)
-                    ],
-                }
-            )
+        answers.append(_answer_of(planned, answer))
     usage_in = systemone.get("usage", {})
     input_tokens = int(usage_in.get("input_tokens", 0))
     output_tokens = int(usage_in.get("output_tokens", 0))
@@ -768,6 +780,7 @@ def to_decision_response(systemone: dict[str, Any], plan: DecisionPlan) -> dict[
             "total_tokens": input_tokens + output_tokens,
         },
     }
-    if "x_state_cache" in systemone:  # the engine's state-cache report travels with the answer
-        out["x_state_cache"] = systemone["x_state_cache"]
+    for extra in ("x_state_cache", "x_explain"):  # the engine's reports travel with the answer
+        if extra in systemone:
+            out[extra] = systemone[extra]
     return out

@@ -9,18 +9,24 @@ the rendered state text the spans' character offsets point into.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 from pydantic_core import PydanticCustomError
+
+from clef_runtime.protocol.plain_errors import validate_object
 
 __all__ = [
     "DEFAULT_GRANULARITY",
     "DEFAULT_TOP_K",
+    "EXPLAIN_DESCRIPTION",
     "GRANULARITIES",
     "MAX_TOP_K",
+    "ExplainField",
     "ExplainOptions",
+    "checked_explain",
     "explain_options",
+    "explain_wire",
 ]
 
 DEFAULT_TOP_K = 5
@@ -66,3 +72,33 @@ def explain_options(value: Any) -> ExplainOptions | None:
     raise PydanticCustomError(
         "explain_type", 'must be true, false or an object such as {"top_k": 5, "granularity": "word"}'
     )
+
+
+ExplainField = Annotated[ExplainOptions | None, BeforeValidator(explain_options)]
+"""A request field holding ``x_explain`` (off by default): the type every route's request model declares, so
+that each validates it alike and names ``x_explain.top_k`` and so on in its errors."""
+
+EXPLAIN_DESCRIPTION = (
+    'Evidence for every answer: true, or {"top_k": 1-20 (5), "granularity": "word" | "token" | "field"}. '
+    "Each answer gains x_evidence (the state spans that most support it); the response gains x_explain "
+    "(the method and the options used). Off by default."
+)
+"""The OpenAPI description of a route's ``x_explain`` field."""
+
+
+def explain_wire(options: ExplainOptions | None) -> dict[str, Any] | None:
+    """``x_explain`` as a System One request body carries it (None: leave the field out)."""
+    return None if options is None else options.model_dump()
+
+
+class _ExplainArgument(BaseModel):
+    """``x_explain`` alone, to validate an option given outside a request body (``Clef.decide(explain=)``,
+    ``clef decide --explain-top-k``) exactly as the wire does."""
+
+    x_explain: ExplainField = None
+
+
+def checked_explain(value: Any) -> ExplainOptions | None:
+    """``value`` (True, False/None, an options object or an ``ExplainOptions``) as options, validated as the
+    request field ``x_explain``. Raises ``RequestValidationError`` naming ``x_explain.top_k`` and so on."""
+    return validate_object(_ExplainArgument, {"x_explain": value}).x_explain

@@ -49,8 +49,10 @@ The reply is a ``chat.completion`` whose ``choices[0].message.content`` is the J
 ``content`` null, ``tool_calls`` = one call of the tool with that object as its ``arguments``,
 ``finish_reason`` ``"tool_calls"``), usage with
 ``prompt_tokens`` = the input tokens and ``completion_tokens`` 0, and ``x_decisions`` = the System One
-answers keyed by property (probabilities, confidence). A boolean is true when P(true) >= 0.5 and a score
-the first most probable level, as the System One answer's probabilities show them.
+answers keyed by property (probabilities, confidence; with the top-level extension ``x_explain``, each
+answer's ``x_evidence``, and the body's ``x_explain`` beside it says how it was computed). A boolean is
+true when P(true) >= 0.5 and a score the first most probable level, as the System One answer's
+probabilities show them.
 
 With ``logprobs: true``, ``choices[0].logprobs.content`` holds one entry per field, in schema order (one
 "token" per field, not tokenizer tokens: nothing is generated): ``token`` is the chosen value as JSON text
@@ -71,6 +73,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.protocol.explain import EXPLAIN_DESCRIPTION, ExplainField
 from clef_runtime.protocol.openai_schema import (
     SCHEMA_LOC,
     DecisionPlan,
@@ -81,6 +84,7 @@ from clef_runtime.protocol.openai_schema import (
     content_pieces,
     decided_arguments,
     decision_body,
+    decision_extras,
     error_param,
     field_logprobs,
     input_token_counts,
@@ -151,6 +155,7 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
     functions: list[Any] | None = None
+    x_explain: ExplainField = Field(default=None, description=EXPLAIN_DESCRIPTION)
 
 
 def parse_chat_request(data: Any) -> ChatCompletionRequest:
@@ -276,7 +281,7 @@ def to_systemone(request: ChatCompletionRequest) -> tuple[dict[str, Any], ChatPl
         )
     questions, fields = schema_questions(schema, schema_loc)
     state, images, image_locs = _state_of(request.messages)
-    body = decision_body(questions, state, images, request.model)
+    body = decision_body(questions, state, images, request.model, request.x_explain)
     plan = ChatPlan(
         fields=fields,
         image_locs=tuple(image_locs),
@@ -318,7 +323,8 @@ def to_chat_completion(
 ) -> dict[str, Any]:
     """The ``chat.completion`` body for the engine's System One response ``systemone``.
 
-    Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` copied when present).
+    Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` and ``x_explain``
+    copied when present).
     Raises KeyError only for a malformed engine response (a server bug).
     """
     answers, typed, arguments = decided_arguments(systemone, plan.fields)
@@ -349,8 +355,7 @@ def to_chat_completion(
         "system_fingerprint": None,
         "x_decisions": answers,
     }
-    if "x_state_cache" in systemone:
-        body["x_state_cache"] = systemone["x_state_cache"]
+    body.update(decision_extras(systemone))
     return body
 
 

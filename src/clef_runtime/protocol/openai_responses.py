@@ -61,7 +61,9 @@ The reply is a Response object (https://platform.openai.com/docs/api-reference/r
 ``input_tokens`` (``input_tokens_details.cached_tokens`` from the state cache) and 0 output tokens;
 ``instructions``, ``tools``, ``tool_choice``, ``text``, ``parallel_tool_calls``, ``metadata``,
 ``temperature``, ``top_p``, ``max_output_tokens`` and ``user`` are echoed (OpenAI's defaults where not
-sent); ``store`` is false and ``previous_response_id`` null; ``x_decisions`` has the System One answers.
+sent); ``store`` is false and ``previous_response_id`` null; ``x_decisions`` has the System One answers
+(with the top-level extension ``x_explain``, each carries its ``x_evidence``; the body's ``x_explain`` beside
+it says how they were computed).
 Errors use OpenAI's shape, ``param`` naming the field (``text.format.schema.properties.summary``,
 ``input[2].content[1]``).
 
@@ -86,6 +88,7 @@ from pydantic.json_schema import JsonDict
 
 from clef_runtime.protocol import openai_schema
 from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.protocol.explain import EXPLAIN_DESCRIPTION, ExplainField
 from clef_runtime.protocol.openai_schema import DecisionPlan, Loc, PartKinds
 from clef_runtime.protocol.openai_tools import chosen_function_tool, rendered_call
 from clef_runtime.protocol.plain_errors import validate_object
@@ -159,6 +162,7 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = None
     max_output_tokens: int | None = None
     user: str | None = None
+    x_explain: ExplainField = Field(default=None, description=EXPLAIN_DESCRIPTION)
 
 
 def parse_responses_request(data: Any) -> ResponsesRequest:
@@ -385,7 +389,7 @@ def to_systemone(request: ResponsesRequest) -> tuple[dict[str, Any], ResponsesPl
         )
     questions, fields = openai_schema.schema_questions(schema, schema_loc)
     state, images, image_locs = _state_of(request)
-    body = openai_schema.decision_body(questions, state, images, request.model)
+    body = openai_schema.decision_body(questions, state, images, request.model, request.x_explain)
     plan = ResponsesPlan(
         fields=fields,
         schema_loc=schema_loc,
@@ -427,7 +431,8 @@ def to_response(
 ) -> dict[str, Any]:
     """The Response object for the engine's System One response ``systemone`` (module docstring).
 
-    Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` copied when present).
+    Returns the body (``x_decisions``: the System One answers; ``x_state_cache`` and ``x_explain``
+    copied when present).
     Raises KeyError only for a malformed engine response (a server bug).
     """
     answers, typed, arguments = openai_schema.decided_arguments(systemone, plan.fields)
@@ -467,8 +472,7 @@ def to_response(
         "usage": _usage(systemone),
         "x_decisions": answers,
     }
-    if "x_state_cache" in systemone:
-        body["x_state_cache"] = systemone["x_state_cache"]
+    body.update(openai_schema.decision_extras(systemone))
     return body
 
 

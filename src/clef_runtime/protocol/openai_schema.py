@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clef_runtime.protocol.errors import ErrorItem, RequestValidationError, format_loc
+from clef_runtime.protocol.explain import ExplainOptions, explain_wire
 from clef_runtime.protocol.systemone import (
     MAX_CHOICE_OPTIONS,
     MAX_QUESTIONS,
@@ -376,15 +377,29 @@ def check_single_answer(n: int | None) -> None:
 
 
 def decision_body(
-    questions: dict[str, Any], state: list[dict[str, Any]] | str, images: list[Any], model: str | None
+    questions: dict[str, Any],
+    state: list[dict[str, Any]] | str,
+    images: list[Any],
+    model: str | None,
+    explain: ExplainOptions | None = None,
 ) -> dict[str, Any]:
-    """The System One request body of a mapped OpenAI request (``images`` and ``model`` only when given)."""
+    """The System One request body of a mapped OpenAI request (``images``, ``model`` and ``x_explain`` only
+    when given)."""
     body: dict[str, Any] = {"state": state, "questions": questions}
     if images:
         body["images"] = images
     if model is not None:
         body["model"] = model
+    wire_explain = explain_wire(explain)
+    if wire_explain is not None:
+        body["x_explain"] = wire_explain
     return body
+
+
+def decision_extras(systemone: dict[str, Any]) -> dict[str, Any]:
+    """The engine's reports an OpenAI reply carries beside ``x_decisions``: ``x_state_cache`` and, with
+    ``x_explain``, the explanation record (how the answers' ``x_evidence`` was computed), when present."""
+    return {key: systemone[key] for key in ("x_state_cache", "x_explain") if key in systemone}
 
 
 def route_error_loc(

@@ -225,7 +225,8 @@ def _output_schema() -> dict[str, Any]:
     _describe(schema, definitions, _OUTPUT_DESCRIPTIONS)
     schema["description"] = (
         "The System One response. Extra fields start with x_: x_truncated_state_tokens (state tokens cut to "
-        "fit the input limit), x_state_cache (hit / partial / miss), x_latency_ms (over HTTP)."
+        "fit the input limit), x_state_cache (hit / partial / miss), x_latency_ms (over HTTP); with "
+        "x_explain, each answer's x_evidence and the body's x_explain (how the evidence was computed)."
     )
     inlined: dict[str, Any] = _inline(schema, definitions)
     return inlined

@@ -16,8 +16,10 @@ JSON object of the most probable answers, with per-token `logprobs` when asked a
 `x_decisions`. A function tool (in `tools`, forced by `tool_choice` or the only one) is decided the same way
 from its `parameters`, and the reply is one call of it (`message.tool_calls`, `finish_reason: "tool_calls"`);
 assistant `tool_calls` and `role: "tool"` messages in the history are part of the state. `stream: true`
-sends the same completion as server-sent events. Errors use OpenAI's shape
-(`{"error": {"message", "type", "param", "code"}}`, `param` naming the field).
+sends the same completion as server-sent events. The extension `x_explain` (`true` or `{"top_k",
+"granularity"}`) gives each answer in `x_decisions` its `x_evidence`, with the body's `x_explain` record
+beside it. Errors use OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`, `param` naming the
+field).
 """
 
 TRIAGE_SCHEMA = {
@@ -105,6 +107,8 @@ with `minimum`/`maximum` (2 to 10 levels) a score. A function tool (`{"type": "f
 `include` has `message.output_text.logprobs`) or one `function_call`, with the System One answers in
 `x_decisions`. `stream: true` answers with the Responses event stream (the decision is made first; the text
 or the call's arguments come in one delta, then `response.completed` with usage).
+The extension `x_explain` (`true` or `{"top_k", "granularity"}`) gives each answer in `x_decisions` its
+`x_evidence`, with the body's `x_explain` record beside it.
 Refused with 400 naming the field: `previous_response_id`, `conversation` and `prompt`
 (nothing is stored), `background: true`, a `text` / `json_object` format without a tool. Errors use OpenAI's
 shape (`{"error": {"message", "type", "param", "code"}}`).
