@@ -7,6 +7,13 @@ answer, different requests (almost surely) different ones, which lets tests chec
 to the request that asked for it. A request whose state contains ``FAIL_MARKER`` makes ``decide_encoded``
 raise, to test failure isolation; ``delay_s`` makes each engine call slow, to fill queues. The engine loop
 drives it through `WholeRequestRunner`: every admitted batch is answered by one ``decide_encoded`` call.
+
+With ``x_explain`` it answers in the real wire shape (see `fake_evidence`), with evidence that is a pure
+function of the state, so the pages can be tested against exact spans: its units are the rendered state's
+``\\w+`` runs (granularity word), its whitespace-separated tokens (token), or a JSON state's leaf values /
+a text state's lines (field); the answer to the j-th question gets the units j, j+1, ... (top_k of them, fewer
+when the state has fewer), weighted 1, (k-1)/k, ... 1/k in rank order with every third weight negative, plus
+one patch per image (its top-left 16x16 pixels, weight 0.5), strongest first, cut to top_k.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +41,7 @@ from clef_runtime.engine.independent import IndependentRequest, merge_decisions
 from clef_runtime.engine.loop import WholeRequestRunner
 from clef_runtime.options import EngineOptions
 from clef_runtime.protocol.errors import InputTooLongError
+from clef_runtime.protocol.explain import ExplainOptions
 from clef_runtime.protocol.images import extract_images
 from clef_runtime.protocol.systemone import SystemOneRequest, independent_parts, parse_request
 
@@ -215,23 +224,146 @@ class FakeClef(CardedEngine):
             for item in items:
                 if FAIL_MARKER in _render(item.request.state):
                     raise RuntimeError("fake engine failure")
-            return [self._answer(item.request, item.record, item.head) for item in items]
+            return [self._answer(item.request, item.record, item.head, len(item.images)) for item in items]
         finally:
             with self._lock:
                 self.calls_in_progress -= 1
 
     def _answer(
-        self, request: SystemOneRequest, record: FakeRecord, head: HeadIdentity | None = None
+        self,
+        request: SystemOneRequest,
+        record: FakeRecord,
+        head: HeadIdentity | None = None,
+        images: int = 0,
     ) -> Decision:
         answers: dict[str, Any] = {}
         for qid, question in request.questions.items():
             seed_text = _render(request.state) + "\x00" + qid + "\x00" + question.model_dump_json()
             rng = random.Random(hashlib.sha256(seed_text.encode()).digest())
             answers[qid] = expected_answer(question, rng)
+        explanation = None
+        if request.x_explain is not None:
+            explanation = explain_record(request.state, request.x_explain)
+            units = evidence_units(request.state, request.x_explain.granularity)
+            for index, answer in enumerate(answers.values()):
+                answer["x_evidence"] = fake_evidence(units, index, images, request.x_explain.top_k)
         # This engine has no state cache: every state is a miss (the decision's default report).
         return Decision(
-            model=request.model or self.name, answers=answers, input_tokens=record.input_tokens, head=head
+            model=request.model or self.name,
+            answers=answers,
+            input_tokens=record.input_tokens,
+            head=head,
+            explanation=explanation,
         )
+
+
+# ----------------------------------------------------------------------------------------------- evidence
+
+FAKE_PATCH = (0, 0, 16, 16)
+"""The box of every image's fake evidence: its top-left 16x16 pixels."""
+FAKE_PATCH_WEIGHT = 0.5
+UNIT_PATTERNS = {"word": re.compile(r"\w+"), "token": re.compile(r"\S+"), "line": re.compile(r"[^\n]+")}
+
+
+@dataclass(frozen=True)
+class FakeUnit:
+    """One unit of evidence: ``start``/``end`` are Python str (code point) offsets into the rendered state,
+    ``path`` the JSON pointer of the member it lies in (None for a text state); ``key``: a JSON key."""
+
+    start: int
+    end: int
+    text: str
+    path: str | None
+    key: bool = False
+
+
+def _pointer(parent: str, key: str | int) -> str:
+    return parent + "/" + str(key).replace("~", "~0").replace("/", "~1")
+
+
+def rendered_members(value: Any, pointer: str = "", at: int = 0) -> tuple[str, list[FakeUnit]]:
+    """``_render(value)`` of a JSON value, with the range of every key (its member's pointer) and every
+    leaf value (inside a string's quotes), each as a unit."""
+    if isinstance(value, dict):
+        text, members = "{", []
+        for key in sorted(value):
+            if text != "{":
+                text += ","
+            key_text = json.dumps(key, ensure_ascii=False)
+            child = _pointer(pointer, key)
+            members.append(
+                FakeUnit(at + len(text) + 1, at + len(text) + len(key_text) - 1, key, child, key=True)
+            )
+            text += key_text + ":"
+            inner, inner_members = rendered_members(value[key], child, at + len(text))
+            text += inner
+            members += inner_members
+        return text + "}", members
+    if isinstance(value, list):
+        text, members = "[", []
+        for index, item in enumerate(value):
+            if index:
+                text += ","
+            inner, inner_members = rendered_members(item, _pointer(pointer, index), at + len(text))
+            text += inner
+            members += inner_members
+        return text + "]", members
+    text = json.dumps(value, ensure_ascii=False)
+    quoted = 1 if isinstance(value, str) else 0
+    return text, [FakeUnit(at + quoted, at + len(text) - quoted, text[quoted : len(text) - quoted], pointer)]
+
+
+def evidence_units(state: Any, granularity: str) -> list[FakeUnit]:
+    """The fake's units of ``state`` in text order: ``\\w+`` runs (word), whitespace-separated tokens
+    (token), or leaf values of a JSON state and lines of a text state (field); for a JSON state each with
+    the pointer of the member it starts in."""
+    text = _render(state)
+    if isinstance(state, str):
+        pattern = UNIT_PATTERNS["line" if granularity == "field" else granularity]
+        return [FakeUnit(m.start(), m.end(), m.group(), None) for m in pattern.finditer(text)]
+    rendered, members = rendered_members(state)
+    assert rendered == text, "the fake's JSON rendering drifted from _render"
+    if granularity == "field":
+        return [m for m in members if not m.key and m.end > m.start]
+    spans = UNIT_PATTERNS[granularity].finditer(text)
+    return [FakeUnit(m.start(), m.end(), m.group(), _member_at(members, m.start())) for m in spans]
+
+
+def _member_at(members: list[FakeUnit], offset: int) -> str:
+    """The pointer of the innermost key or leaf range holding ``offset`` (the root, "", when none does)."""
+    holding = [m for m in members if m.start <= offset < m.end]
+    return holding[-1].path if holding and holding[-1].path is not None else ""
+
+
+def fake_evidence(units: Sequence[FakeUnit], index: int, images: int, top_k: int) -> list[dict[str, Any]]:
+    """The ``x_evidence`` of the ``index``-th answer: units ``index``, ``index + 1``, ... weighted
+    ``(top_k - rank) / top_k``, every third negative, and one patch per image, strongest first, at most
+    ``top_k``."""
+    chosen = list(units[index : index + top_k]) if index < len(units) else list(units[:top_k])
+    items: list[dict[str, Any]] = []
+    for rank, unit in enumerate(chosen):
+        weight = round((top_k - rank) / top_k, 4) * (-1 if rank % 3 == 2 else 1)
+        item: dict[str, Any] = {"text": unit.text, "start": unit.start, "end": unit.end, "weight": weight}
+        if unit.path is not None:
+            item["path"] = unit.path
+        items.append(item)
+    items += [{"image": i, "box": list(FAKE_PATCH), "weight": FAKE_PATCH_WEIGHT} for i in range(images)]
+    items.sort(key=lambda item: -abs(item["weight"]))
+    return items[:top_k]
+
+
+def explain_record(state: Any, options: ExplainOptions) -> dict[str, Any]:
+    """The body's ``x_explain``: the fake method's name, the options, and the rendered JSON state."""
+    record: dict[str, Any] = {
+        "method": "fake",
+        "granularity": options.granularity,
+        "top_k": options.top_k,
+        "weights": "fake evidence: the k units after the question's index, weight falling with rank, "
+        "every third negative (not an attribution)",
+    }
+    if not isinstance(state, str):
+        record["state_text"] = _render(state)
+    return record
 
 
 def fake_head(name: str, *, default: bool = False, path: str | None = None) -> HeadInfo:

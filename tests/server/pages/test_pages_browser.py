@@ -68,7 +68,7 @@ def watched(browser: Any) -> Iterator[Watched]:
     context.close()
 
 
-def _open_playground(watched: Watched, server: TinyServer) -> Any:
+def _open_playground(watched: Watched, server: TinyServer | LiveServer) -> Any:
     page = watched.page
     page.goto(server.url + "/")
     page.wait_for_selector("body[data-ready='true']")
@@ -337,3 +337,162 @@ def test_the_api_key_is_sent_when_given_and_kept_in_the_tab_only(
     page.get_by_role("button", name="curl", exact=True).click()
     curl = page.locator("#snippet").inner_text()
     assert "$CLEF_API_KEY" in curl and "s3cret" not in curl  # the key never lands in copied code
+
+
+# ------------------------------------------------------------------------------------------ evidence
+# The fake engine answers x_explain in the real wire shape with evidence computed from the state (see
+# devtools/fake_engine.py), so these check the marks against the exact spans the API sent.
+
+
+@pytest.fixture
+def fake_playground(watched: Watched, live_fake: Callable[..., LiveServer]) -> Any:
+    """The playground of a fake-engine server, open in ``watched``."""
+    return _open_playground(watched, live_fake(FakeClef()))
+
+
+def _evidence_shown(page: Any) -> list[dict[str, Any]]:
+    """The marks in the evidence panel's state text, in text order."""
+    page.locator("#evidence mark").first.wait_for()
+    return [
+        {
+            "text": mark.text_content(),
+            "title": mark.get_attribute("title"),
+            "negative": "negative" in (mark.get_attribute("class") or ""),
+        }
+        for mark in page.locator("#evidence mark").all()
+    ]
+
+
+def _evidence_expected(text: str, qid: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The marks an answer's x_evidence should give: Python slices (code point offsets) of the text, with the
+    question, rank and signed weight in the tooltip."""
+    ranked = sorted((item["start"], rank, item) for rank, item in enumerate(items, 1) if "start" in item)
+    return [
+        {
+            "text": text[item["start"] : item["end"]],
+            "title": f"{qid} · evidence {rank} · weight {item['weight']:+.4f}"
+            + (f" · {item['path']}" if "path" in item else ""),
+            "negative": item["weight"] < 0,
+        }
+        for _, rank, item in ranked
+    ]
+
+
+def test_the_playground_marks_each_answers_evidence_past_an_emoji(
+    watched: Watched, fake_playground: Any
+) -> None:
+    page = fake_playground
+    # Astral characters before the evidence: a UTF-16 index would land one character off per emoji.
+    state = "🙂 <b>Charged</b> twice 🎉 for order 1042, refund please"
+    request = {
+        "state": state,
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Is a refund asked for?"},
+            "topic": {"type": "choice", "criteria": {"billing": None, "shipping": None}},
+        },
+    }
+    page.get_by_label("Request JSON").fill(json.dumps(request))
+    page.get_by_label("Explain each answer").check()
+    page.get_by_label("Spans per answer (1-20)").fill("4")
+    page.get_by_label("Granularity").select_option("word")
+    assert _request_json(page)["x_explain"] == {"top_k": 4, "granularity": "word"}
+
+    response = _decide(page)
+    assert response.status == 200
+    assert json.loads(response.request.post_data)["x_explain"] == {"top_k": 4, "granularity": "word"}
+    answers = response.json()["answers"]
+    assert [len(a["x_evidence"]) for a in answers.values()] == [4, 4]
+
+    shown = _evidence_shown(page)
+    assert shown == _evidence_expected(state, "refund", answers["refund"]["x_evidence"])
+    assert [mark["text"] for mark in shown] == ["b", "Charged", "b", "twice"]  # the first is the <b> tag's
+    assert shown[2]["negative"] and not shown[0]["negative"]
+    # The state is text, never markup: the whole state reads back unchanged, with no element made of it.
+    assert page.locator(".evidence-text").text_content() == state
+    assert page.locator("#evidence b").count() == 0
+
+    # The selector shows the other question's evidence; each answer lists its spans.
+    page.get_by_label("Highlight the evidence for").select_option("topic")
+    page.locator("#evidence mark").first.filter(has_text="Charged").wait_for()
+    assert _evidence_shown(page) == _evidence_expected(state, "topic", answers["topic"]["x_evidence"])
+    listed = page.get_by_role("list", name="Evidence for refund").get_by_role("listitem")
+    assert listed.count() == 4
+    assert listed.first.inner_text().startswith("+1.0000")
+    assert watched.console_errors == []
+    assert watched.foreign_requests() == []
+
+
+def test_the_playground_marks_evidence_in_a_json_states_rendered_text(
+    watched: Watched, fake_playground: Any
+) -> None:
+    page = fake_playground
+    request = {
+        "state": {"ticket": {"subject": "Lost 📦 parcel", "body": "Refund me 😠 now", "id": 7}},
+        "questions": {"refund": {"type": "noul", "instructions": "Is a refund asked for?"}},
+        "x_explain": {"top_k": 9},
+    }
+    page.get_by_label("Request JSON").fill(json.dumps(request))
+    assert page.get_by_label("Explain each answer").is_checked()  # the form follows the request JSON
+    response = _decide(page)
+    assert response.status == 200
+    body = response.json()
+    text = body["x_explain"]["state_text"]
+    evidence = body["answers"]["refund"]["x_evidence"]
+    assert {item["path"] for item in evidence} >= {"/ticket/body", "/ticket/subject"}
+    assert _evidence_shown(page) == _evidence_expected(text, "refund", evidence)
+    assert page.locator(".evidence-text").text_content() == text
+    assert "/ticket/subject" in page.get_by_role("list", name="Evidence for refund").inner_text()
+    assert watched.console_errors == []
+
+
+def test_image_evidence_is_a_box_over_the_images_preview(watched: Watched, fake_playground: Any) -> None:
+    page = fake_playground
+    image = "data:image/png;base64," + base64.b64encode(_png((200, 30, 30), size=64)).decode()
+    request = {
+        "state": "a photo",
+        "images": [image],
+        "questions": {"damaged": {"type": "noul"}},
+        "x_explain": True,
+    }
+    page.get_by_label("Request JSON").fill(json.dumps(request))
+    response = _decide(page)
+    assert response.status == 200
+    [patch] = [item for item in response.json()["answers"]["damaged"]["x_evidence"] if "image" in item]
+    assert patch["box"] == [0, 0, 16, 16]
+    box = page.locator("#evidence .evidence-box")
+    box.wait_for()
+    # 16 of the image's 64 pixels: a quarter of the preview, whatever size the preview is drawn at.
+    assert box.evaluate("b => [b.style.left, b.style.top, b.style.width, b.style.height]") == [
+        "0%",
+        "0%",
+        "25%",
+        "25%",
+    ]
+    assert "weight +0.5000" in box.get_attribute("title")
+    assert "image 1, box [0, 0, 16, 16]" in page.get_by_role("list", name="Evidence for damaged").inner_text()
+    assert watched.console_errors == []
+
+
+def test_the_classifiers_page_marks_the_evidence_of_a_run(
+    watched: Watched, live_fake: Callable[..., LiveServer]
+) -> None:
+    live = live_fake(FakeClef())
+    questions = {"refund": {"type": "noul", "instructions": "Is a refund asked for?"}}
+    saved = httpx.put(f"{live.url}/v1/classifiers/triage", json={"questions": questions}, timeout=30)
+    assert saved.status_code == 201, saved.text
+    page = watched.page
+    page.goto(live.url + "/classifiers")
+    page.wait_for_selector("body[data-ready='true']")
+    page.get_by_label("State", exact=True).fill("😀 Please refund the second charge")
+    page.get_by_label("Explain each answer").check()
+    page.get_by_label("Spans per answer (1-20)").fill("3")
+    with page.expect_response(lambda r: r.url.endswith("/v1/classifiers/triage/decide")) as info:
+        page.get_by_role("button", name="Run", exact=True).click()
+    response = info.value
+    assert response.status == 200
+    assert json.loads(response.request.post_data)["x_explain"] == {"top_k": 3, "granularity": "word"}
+    evidence = response.json()["answers"]["refund"]["x_evidence"]
+    shown = _evidence_shown(page)
+    assert shown == _evidence_expected("😀 Please refund the second charge", "refund", evidence)
+    assert [mark["text"] for mark in shown] == ["Please", "refund", "the"]
+    assert watched.console_errors == []

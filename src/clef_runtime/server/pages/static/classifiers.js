@@ -2,12 +2,16 @@
 // run it on a state (POST /v1/classifiers/{name}/decide), each option's probability drawn as a bar. The API
 // key is the playground's (the same sessionStorage entry), so a key typed on either page serves both. Each
 // classifier shows the head it answers with and the digest it pinned when saved; a broken pin (the server
-// serves other weights under that name, or none) is marked, since deciding with it is then refused.
+// serves other weights under that name, or none) is marked, since deciding with it is then refused. With
+// "Explain" on, the run sends x_explain and each answer's evidence is marked in the state text.
 "use strict";
 
 (function () {
-  const { h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey } = window.Clef;
+  const {
+    h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey, explainControls, evidenceList, showEvidence,
+  } = window.Clef;
   const $ = (id) => document.getElementById(id);
+  const explain = explainControls(() => {}); // read when Run is pressed
   let classifiers = [];
 
   function apiKey() {
@@ -198,14 +202,13 @@
     const started = performance.now();
     try {
       const url = "/v1/classifiers/" + encodeURIComponent(classifier.name) + "/decide";
-      const response = await fetch(url, {
-        method: "POST", headers: headers(true), body: JSON.stringify({ state: state.value }),
-      });
+      const sent = { state: state.value, x_explain: explain.value() };
+      const response = await fetch(url, { method: "POST", headers: headers(true), body: JSON.stringify(sent) });
       const elapsed = performance.now() - started;
       const body = await readJson(response);
       if (response.ok && body) {
         $("run-status").textContent = "Answered in " + formatMs(elapsed) + ".";
-        renderAnswers(body, response, elapsed);
+        renderAnswers(body, response, elapsed, sent);
       } else {
         $("run-status").textContent = "The server answered " + response.status + ".";
         // A refused pin (409 head_changed, 503 head_not_loaded) may be news to this page: list the pins
@@ -223,7 +226,15 @@
 
   // ------------------------------------------------------------------------------------------- answers
 
+  // An answer's bars, then its evidence when the run asked for it.
   function answerCard(qid, answer) {
+    const card = answerBars(qid, answer);
+    const evidence = evidenceList(qid, answer.x_evidence);
+    if (evidence) card.append(evidence);
+    return card;
+  }
+
+  function answerBars(qid, answer) {
     const card = h("section", { class: "answer", "aria-label": "Answer to " + qid }, h("h3", { text: qid }));
     if (answer.type === "noul") {
       const p = answer.noul;
@@ -248,7 +259,7 @@
     return card;
   }
 
-  function renderAnswers(body, response, elapsed) {
+  function renderAnswers(body, response, elapsed, sent) {
     $("results-empty").hidden = true;
     const usage = body.usage || {};
     const rows = [
@@ -259,6 +270,7 @@
       ["Request id", response.headers.get("x-request-id")],
     ];
     showUsage($("usage"), rows);
+    showEvidence($("evidence"), body, typeof sent.state === "string" ? sent.state : undefined, []);
     $("answers").replaceChildren(
       ...Object.entries(body.answers || {}).map(([qid, answer]) => answerCard(qid, answer)),
     );
@@ -267,6 +279,7 @@
   // -------------------------------------------------------------------------------------------- wiring
 
   function wire() {
+    $("explain-controls").append(explain.element);
     bindApiKey($("api-key"), "change", loadList);
     $("reload").addEventListener("click", loadList);
     $("classifier").addEventListener("change", showDetails);

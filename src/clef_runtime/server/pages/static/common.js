@@ -1,6 +1,7 @@
 // Shared by the playground, the classifiers and the status pages: a DOM builder (text only, never HTML, so a
-// value from a request can never become markup), number formatting, the probability bar, and the "untrained
-// model" banner.
+// value from a request can never become markup), number formatting, the probability bar, the "untrained
+// model" banner, and the evidence of an explained decision (x_explain): its controls, the state text with
+// each answer's evidence marked, the boxes on the images, and the list of spans under each answer.
 "use strict";
 
 window.Clef = (function () {
@@ -93,5 +94,200 @@ window.Clef = (function () {
     });
   }
 
-  return { h, bar, formatBytes, formatMs, percent, fetchStatus, showBanner, showUsage, bindApiKey };
+  // ------------------------------------------------------------------------------------------ evidence
+
+  const GRANULARITIES = ["word", "token", "field"];
+  const MAX_TOP_K = 20;
+
+  // The "Explain" controls: a checkbox, top_k and granularity. ``value()`` is the request's x_explain
+  // (undefined when off); ``set(x)`` shows a request's x_explain (true: the server's defaults, 5 and word).
+  // A top_k out of range is sent as typed, so the server's 422 names x_explain.top_k.
+  function explainControls(onChange) {
+    const on = h("input", { type: "checkbox", id: "explain" });
+    const topK = h("input", { type: "number", id: "explain-top-k", min: 1, max: MAX_TOP_K, step: 1, value: 5 });
+    const granularity = h("select", { id: "explain-granularity" },
+      ...GRANULARITIES.map((g) => h("option", { value: g, text: g })));
+    const element = h("fieldset", { class: "explain" },
+      h("legend", { text: "Evidence" }),
+      h("div", { class: "row" },
+        h("label", { class: "check" }, on, " Explain each answer"),
+        h("label", { for: "explain-top-k", text: "Spans per answer (1-" + MAX_TOP_K + ")" }), topK,
+        h("label", { for: "explain-granularity", text: "Granularity" }), granularity),
+      h("p", { class: "hint", text: "Sends x_explain: each answer then lists the parts of the state that " +
+        "most support it, marked in the state text under Answers." }));
+    const value = () => {
+      if (!on.checked) return undefined;
+      const out = {};
+      if (topK.value.trim() !== "") out.top_k = Number(topK.value);
+      out.granularity = granularity.value;
+      return out;
+    };
+    const set = (x) => {
+      on.checked = Boolean(x);
+      const options = x && typeof x === "object" ? x : {};
+      topK.value = options.top_k === undefined ? "5" : String(options.top_k);
+      granularity.value = GRANULARITIES.includes(options.granularity) ? options.granularity : "word";
+      topK.disabled = granularity.disabled = !on.checked;
+    };
+    for (const input of [on, topK, granularity]) {
+      input.addEventListener(input === topK ? "input" : "change", () => {
+        topK.disabled = granularity.disabled = !on.checked;
+        onChange(value());
+      });
+    }
+    set(undefined);
+    return { element, value, set };
+  }
+
+  // Evidence offsets are Python str indexes (Unicode code points); JS strings index UTF-16 code units, where
+  // an astral character (an emoji) takes two. Entry i is the code unit index of code point i (and the last
+  // entry the string's length), so offsets past an emoji still land on the right characters.
+  function codeUnitOffsets(text) {
+    const offsets = [0];
+    let at = 0;
+    for (const ch of text) {
+      at += ch.length;
+      offsets.push(at);
+    }
+    return offsets;
+  }
+
+  function formatWeight(weight) {
+    return (weight >= 0 ? "+" : "") + weight.toFixed(4);
+  }
+
+  function isTextItem(item) {
+    return Number.isInteger(item.start) && Number.isInteger(item.end) && typeof item.weight === "number";
+  }
+
+  // What a span or a box says on hover: the question, its rank and weight (and where in a JSON state).
+  function evidenceTitle(qid, rank, item) {
+    return qid + " · evidence " + rank + " · weight " + formatWeight(item.weight) +
+      (item.path !== undefined ? " · " + (item.path || "(the whole state)") : "");
+  }
+
+  // Opacity grows with |weight| relative to the answer's strongest item; the sign picks the hue.
+  function strength(item, strongest) {
+    return (0.2 + 0.7 * Math.abs(item.weight) / (strongest || 1)).toFixed(3);
+  }
+
+  function strongestWeight(items) {
+    return Math.max(0, ...items.filter((item) => typeof item.weight === "number").map((i) => Math.abs(i.weight)));
+  }
+
+  // The state text as text nodes with a <mark> per evidence span of one answer. Spans that fall outside the
+  // text or overlap an earlier one are left unmarked (they are still in the answer's list).
+  function markedText(text, items, qid) {
+    const offsets = codeUnitOffsets(text);
+    const last = offsets.length - 1;
+    const strongest = strongestWeight(items);
+    const spans = items
+      .map((item, index) => ({ item, rank: index + 1 }))
+      .filter(({ item }) => isTextItem(item) && item.start >= 0 && item.start < item.end && item.end <= last)
+      .sort((a, b) => a.item.start - b.item.start);
+    const block = h("p", { class: "evidence-text", "aria-label": "State text with the evidence for " + qid });
+    let done = 0;
+    for (const { item, rank } of spans) {
+      if (item.start < done) continue;
+      block.append(text.slice(offsets[done], offsets[item.start]));
+      const mark = h("mark", {
+        class: "evidence " + (item.weight < 0 ? "negative" : "positive"),
+        title: evidenceTitle(qid, rank, item), "data-rank": rank, "data-weight": item.weight,
+        text: text.slice(offsets[item.start], offsets[item.end]),
+      });
+      mark.style.setProperty("--strength", strength(item, strongest));
+      block.append(mark);
+      done = item.end;
+    }
+    block.append(text.slice(offsets[done]));
+    return block;
+  }
+
+  // The images with a box per patch of one answer's evidence (box: pixels of the image as sent, so it is
+  // placed in percent of the image's natural size once that is known).
+  function imageFigure(url, index, items, qid) {
+    const img = h("img", { src: url, alt: "Image " + (index + 1) });
+    const frame = h("div", { class: "frame" }, img);
+    const strongest = strongestWeight(items);
+    const place = () => {
+      items.forEach((item, i) => {
+        if (item.image !== index || !Array.isArray(item.box) || item.box.length !== 4) return;
+        const [x0, y0, x1, y1] = item.box;
+        const box = h("div", {
+          class: "evidence-box " + (item.weight < 0 ? "negative" : "positive"),
+          title: evidenceTitle(qid, i + 1, item), "data-rank": i + 1, role: "img",
+          "aria-label": "Evidence " + (i + 1) + " for " + qid + ": box " + item.box.join(", ") +
+            ", weight " + formatWeight(item.weight),
+        });
+        box.style.left = (100 * x0 / img.naturalWidth) + "%";
+        box.style.top = (100 * y0 / img.naturalHeight) + "%";
+        box.style.width = (100 * (x1 - x0) / img.naturalWidth) + "%";
+        box.style.height = (100 * (y1 - y0) / img.naturalHeight) + "%";
+        box.style.setProperty("--strength", strength(item, strongest));
+        frame.append(box);
+      });
+    };
+    if (img.complete && img.naturalWidth) place();
+    else img.addEventListener("load", place, { once: true });
+    return h("figure", { class: "evidence-image" }, frame, h("figcaption", { text: "Image " + (index + 1) }));
+  }
+
+  // The list under an answer: each evidence item, strongest first, as text (the accessible form of the
+  // marks and boxes).
+  function evidenceList(qid, items) {
+    if (!Array.isArray(items)) return null;
+    const list = h("ol", { class: "evidence-list", "aria-label": "Evidence for " + qid });
+    for (const item of items) {
+      const weight = typeof item.weight === "number" ? formatWeight(item.weight) : "?";
+      const what = Array.isArray(item.box)
+        ? ["image " + (Number(item.image) + 1) + ", box [" + item.box.join(", ") + "]"]
+        : [h("q", { text: String(item.text ?? "") }), " at " + item.start + "-" + item.end];
+      list.append(h("li", { class: item.weight < 0 ? "negative" : "positive" },
+        h("span", { class: "weight", text: weight }), " ", ...what,
+        item.path !== undefined ? h("code", { class: "path", text: item.path || "/" }) : null));
+    }
+    return h("div", { class: "evidence-answer" },
+      h("p", { class: "note", text: items.length ? "Evidence, strongest first:" : "No evidence for this answer." }),
+      items.length ? list : null);
+  }
+
+  // The evidence panel of an explained response: a question selector, the state text (``stateText``: the
+  // string state as sent, else the response's x_explain.state_text) with that answer's spans marked, and
+  // the image previews (``imageUrls``: one data URL or null per image as sent) with its boxes. Hidden
+  // without evidence.
+  function showEvidence(container, body, stateText, imageUrls) {
+    container.replaceChildren();
+    const answers = Object.entries(body.answers || {}).filter(([, a]) => Array.isArray(a.x_evidence));
+    container.hidden = answers.length === 0;
+    if (!answers.length) return;
+    const record = body.x_explain || {};
+    const text = typeof stateText === "string" ? stateText : record.state_text;
+    const select = h("select", { id: "evidence-question" },
+      ...answers.map(([qid]) => h("option", { value: qid, text: qid })));
+    const view = h("div", { class: "evidence-view" });
+    const show = () => {
+      const items = answers.find(([qid]) => qid === select.value)[1].x_evidence;
+      view.replaceChildren(
+        typeof text === "string" ? markedText(text, items, select.value)
+          : h("p", { class: "note", text: "The server sent no state_text: only the lists below." }),
+        ...(imageUrls || []).flatMap((url, i) => (url ? [imageFigure(url, i, items, select.value)] : [])),
+      );
+    };
+    select.addEventListener("change", show);
+    container.append(
+      h("h3", { text: "Evidence" }),
+      h("div", { class: "row" }, h("label", { for: "evidence-question", text: "Highlight the evidence for" }), select),
+      h("p", { class: "note", text: "Method " + (record.method || "?") + " · " + (record.granularity || "?") +
+        " granularity" + (record.weights ? " · " + record.weights : "") +
+        ". Orange marks support the answer, blue (dashed) ones weigh against it; the stronger, the darker. " +
+        "Hover a mark for its weight." }),
+      view,
+    );
+    show();
+  }
+
+  return {
+    h, bar, formatBytes, formatMs, percent, fetchStatus, showBanner, showUsage, bindApiKey,
+    explainControls, codeUnitOffsets, evidenceList, showEvidence,
+  };
 })();

@@ -1,9 +1,12 @@
 // The playground: a form and a "Request JSON" text box that edit the same System One request, a Decide
-// button that posts it to /v1/systemone, and the answers as one bar (role "meter") per option.
+// button that posts it to /v1/systemone, and the answers as one bar (role "meter") per option. With
+// "Explain" on, the request carries x_explain and each answer's evidence is marked in the state text.
 "use strict";
 
 (function () {
-  const { h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey } = window.Clef;
+  const {
+    h, bar, formatMs, fetchStatus, showBanner, showUsage, bindApiKey, explainControls, evidenceList, showEvidence,
+  } = window.Clef;
   const MAX_IMAGES = 4;
 
   // ------------------------------------------------------------------------------------------ examples
@@ -106,6 +109,11 @@
   let snippetKind = "curl";
   let uid = 0;
   const $ = (id) => document.getElementById(id);
+  const explain = explainControls((value) => {
+    if (value === undefined) delete request.x_explain;
+    else request.x_explain = value;
+    changed();
+  });
 
   function nextId(prefix) {
     uid += 1;
@@ -212,6 +220,7 @@
     const state = request.state;
     $("state").value = stateKind === "text" ? asText(state) : JSON.stringify(state ?? null, null, 2);
     renderThumbs();
+    explain.set(request.x_explain);
     const box = $("questions");
     box.replaceChildren();
     const entries = Object.entries(questionsOf(request));
@@ -502,9 +511,10 @@
     button.disabled = true;
     setStatus("Deciding...");
     const started = performance.now();
+    const sent = JSON.parse(JSON.stringify(request)); // the answers are about this, even if edited meanwhile
     try {
       const response = await fetch("/v1/systemone", {
-        method: "POST", headers, body: JSON.stringify(request),
+        method: "POST", headers, body: JSON.stringify(sent),
       });
       const elapsed = performance.now() - started;
       let body = null;
@@ -515,7 +525,7 @@
       }
       if (response.ok && body) {
         setStatus("Answered in " + formatMs(elapsed) + ".");
-        renderAnswers(body, response, elapsed);
+        renderAnswers(body, response, elapsed, sent);
       } else {
         setStatus("The server answered " + response.status + ".");
         showErrors(response.status, body);
@@ -592,7 +602,15 @@
     return Math.round(x * 10000) / 10000;
   }
 
+  // An answer's bars, then its evidence when the request asked for it.
   function answerCard(qid, answer, question) {
+    const card = answerBars(qid, answer, question);
+    const evidence = evidenceList(qid, answer.x_evidence);
+    if (evidence) card.append(evidence);
+    return card;
+  }
+
+  function answerBars(qid, answer, question) {
     const card = h("section", { class: "answer", "aria-label": "Answer to " + qid });
     card.append(h("h3", { text: qid }));
     if (answer.type === "noul") {
@@ -628,7 +646,7 @@
     return card;
   }
 
-  function renderAnswers(body, response, elapsed) {
+  function renderAnswers(body, response, elapsed, sent) {
     $("results-empty").hidden = true;
     const usage = body.usage || {};
     const details = usage.input_tokens_details || {};
@@ -644,6 +662,9 @@
       ["Request id", response.headers.get("x-request-id")],
     ];
     showUsage($("usage"), rows);
+    const images = Array.isArray(sent.images) ? sent.images.map(imageUrl) : [];
+    showEvidence($("evidence"), body, typeof sent.state === "string" ? sent.state : undefined,
+      images.map((url) => (url && url.startsWith("data:image/") ? url : null)));
     const box = $("answers");
     box.replaceChildren();
     const questions = questionsOf(request);
@@ -676,6 +697,7 @@
     const base = window.location.origin;
     const keyed = apiKey() !== "";
     const images = Array.isArray(request.images) && request.images.length ? request.images : null;
+    const explained = request.x_explain !== undefined && request.x_explain !== false;
     if (kind === "curl") {
       const json = JSON.stringify(request, null, 2);
       let tag = "JSON";
@@ -701,6 +723,7 @@
         state,
         questions,
         images ? "# systemone-client 0.1.0 has no way to send images: this request's images are left out." : null,
+        explained ? "# systemone-client 0.1.0 has no way to send x_explain: the evidence is left out." : null,
         "",
         "with Client(base_url=" + JSON.stringify(base) +
           (keyed ? ', api_key=os.environ["CLEF_API_KEY"]' : "") + ") as client:",
@@ -716,6 +739,7 @@
       state,
       questions,
       images ? "images = " + py(images, 0) : null,
+      explained ? "x_explain = " + py(request.x_explain, 0) : null,
       "",
       "# The SDK requires an API key; any value works when the server has none.",
       "with TypeSafeClient(base_url=" + JSON.stringify(base) + ", api_key=" +
@@ -724,7 +748,8 @@
       "        state=state,",
       "        questions=questions,",
       model ? "        model=" + JSON.stringify(model) + "," : null,
-      images ? '        extra_body={"images": images},' : null,
+      images || explained ? "        extra_body={" + [images ? '"images": images' : null,
+        explained ? '"x_explain": x_explain' : null].filter(Boolean).join(", ") + "}," : null,
       "    )",
       "print(response.model_dump_json(indent=2))",
     ].filter((line) => line !== null).join("\n");
@@ -783,6 +808,7 @@
       $("results-empty").hidden = false;
       $("answers").replaceChildren();
       $("usage").hidden = true;
+      $("evidence").hidden = true;
       rebuild();
     });
     $("model").addEventListener("input", (event) => {
@@ -836,6 +862,7 @@
       addFiles(event.dataTransfer.files);
     });
 
+    $("explain-controls").append(explain.element);
     bindApiKey($("api-key"), "input", renderSnippet);
     for (const button of document.querySelectorAll("[data-snippet]")) {
       button.addEventListener("click", () => {
