@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_MAX_LENGTH",
     "ENCODE_OPTION_FIELDS",
     "ENGINE_OPTIONS",
+    "EXPLAIN_METHODS",
     "FP32_COMPUTE_WEIGHT_MODES",
     "HEAD_NAME",
     "MODEL_OPTION",
@@ -60,6 +61,9 @@ FP32_COMPUTE_WEIGHT_MODES = ("fp32", "bf16-storage", "int8")
 BF16_COMPUTE_WEIGHT_MODES = ("fp8",)
 IMAGE_MODES = ("native", "g256", "g448")
 CONFIDENCE_MODES = ("seed", "typesafe", "workers-ai")
+#: How ``x_explain`` weighs the state (`clef_runtime.model.attribution`); the first is the default, chosen
+#: by the faithfulness measurements of docs/explain.md.
+EXPLAIN_METHODS = ("integrated_gradients", "gradient_x_input", "attention")
 
 
 class OptionsError(ValueError):
@@ -332,6 +336,9 @@ class EngineOptions:
     transformers' reference PyTorch functions, for comparison; process-wide)."""
     confidence: str = "seed"
     """Confidence of choice and score answers: ``seed`` (top probability), ``typesafe``, ``workers-ai``."""
+    explain_method: str = EXPLAIN_METHODS[0]
+    """How ``x_explain`` weighs the state: ``integrated_gradients`` (the default, the most faithful measured),
+    ``gradient_x_input`` or ``attention`` (docs/explain.md)."""
     calibration: str | None = None
     """A calibration.json (from ``clef calibrate``) applied to every answer's probabilities."""
     head: tuple[str, ...] = ()
@@ -371,6 +378,10 @@ class EngineOptions:
             problems.append(f"--image-mode must be one of {', '.join(IMAGE_MODES)}, got {self.image_mode!r}")
         if self.image_max_tokens is not None and self.image_max_tokens < 1:
             problems.append(f"--image-max-tokens must be at least 1, got {self.image_max_tokens}")
+        if self.explain_method not in EXPLAIN_METHODS:
+            problems.append(
+                f"--explain-method must be one of {', '.join(EXPLAIN_METHODS)}, got {self.explain_method!r}"
+            )
         if self.confidence not in CONFIDENCE_MODES:
             problems.append(
                 f"--confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}"
@@ -545,6 +556,16 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "(chance-corrected) or workers-ai ((n*sum p^2 - 1)/(n - 1))",
         "MODE",
         choices=CONFIDENCE_MODES,
+    ),
+    Option(
+        "explain_method",
+        "--explain-method",
+        "CLEF_EXPLAIN_METHOD",
+        parse_lower,
+        "how x_explain weighs the state: integrated_gradients (default; the most faithful measured), "
+        "gradient_x_input or attention (docs/explain.md)",
+        "METHOD",
+        choices=EXPLAIN_METHODS,
     ),
     Option(
         "fused_kernels",

@@ -405,11 +405,13 @@ def test_rank_refuses_a_weight_count_that_does_not_match_the_tokens() -> None:
         rank_units(_units(1, ((), (), ())), [1.0, 2.0], 1, by_magnitude=False)
 
 
-def test_evidence_items_round_weights_and_give_paths_only_when_known() -> None:
+def test_evidence_items_keep_significant_digits_and_give_paths_only_when_known() -> None:
     units = _units(2, ())
-    items = evidence_items(units, [(1, 0.123456789), (0, -2.0)], ndigits=3)
+    items = evidence_items(units, [(1, 0.123456789), (0, -2.0), (1, 0.0000123456)], ndigits=3)
     assert items == [
         {"text": "u1", "start": 1, "end": 2, "weight": 0.123, "path": "/u1"},
         {"text": "u0", "start": 0, "end": 1, "weight": -2.0},
+        # A small weight keeps its digits: decimals would have rounded this evidence to 0.
+        {"text": "u1", "start": 1, "end": 2, "weight": 0.0000123, "path": "/u1"},
     ]
     assert json.loads(json.dumps(items)) == items

@@ -33,6 +33,7 @@ __all__ = [
     "evidence_items",
     "rank_units",
     "render_json_paths",
+    "significant",
     "state_units",
     "token_char_offsets",
 ]
@@ -418,11 +419,17 @@ def rank_units(
     return ranked[: max(top_k, 0)]
 
 
+def significant(weight: float, digits: int = 6) -> float:
+    """``weight`` to ``digits`` significant digits: attributions span many orders of magnitude (a saturated
+    answer's are small), so a fixed number of decimals would round real evidence to 0."""
+    return float(f"{weight:.{digits}g}")
+
+
 def evidence_items(
     units: StateUnits, ranked: Sequence[tuple[int, float]], *, ndigits: int = 6
 ) -> list[dict[str, Any]]:
     """The wire's ``x_evidence`` items of ``ranked`` units, in order: ``{"text", "start", "end", "weight"}``
-    with the weight rounded to ``ndigits``, plus ``"path"`` when the unit has one."""
+    with the weight to ``ndigits`` significant digits, plus ``"path"`` when the unit has one."""
     items: list[dict[str, Any]] = []
     for unit_index, weight in ranked:
         unit = units.units[unit_index]
@@ -430,7 +437,7 @@ def evidence_items(
             "text": unit.text,
             "start": unit.start,
             "end": unit.end,
-            "weight": round(weight, ndigits),
+            "weight": significant(weight, ndigits),
         }
         if unit.path is not None:
             item["path"] = unit.path

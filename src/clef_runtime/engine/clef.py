@@ -246,6 +246,7 @@ class Clef(CardedEngine):
             prefix_ids=self.encoder.prefix_ids,
             model_lock=self._model_lock,
             options=options,
+            tokenizer=self.encoder.tokenizer,
         )
 
     # ------------------------------------------------------------------------------------------ loading

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from clef_runtime.engine.answers import build_answer
 from clef_runtime.engine.decision import MISS, CacheReport, Decision, RequestTimings
+from clef_runtime.engine.explain import explain_row
 from clef_runtime.engine.heads import HeadSet, ServedHead
 from clef_runtime.engine.images import ImageEmbedder, PreparedImage, row_positions
 from clef_runtime.engine.loop import Estimate
@@ -137,6 +138,7 @@ class StepExecutor:
         model_lock: threading.Lock,
         options: EngineOptions,
         max_snapshot_rows: int = MAX_SNAPSHOT_ROWS,
+        tokenizer: Any = None,
     ) -> None:
         self.name = name
         self.backbone = backbone
@@ -149,6 +151,8 @@ class StepExecutor:
         self.options = options
         """Read for ``prefill_chunk``, ``pad_last_chunk``, ``snapshot_interval`` and ``confidence``."""
         self.max_snapshot_rows = max_snapshot_rows
+        self.tokenizer = tokenizer
+        """The encoder's tokenizer: ``x_explain`` maps state tokens to characters with it."""
         self.work = ExecutorWork()
         self._work_lock = threading.Lock()
         self._handoff: dict[bytes, BackboneState] = {}
@@ -422,14 +426,50 @@ class StepExecutor:
             for position, row_logits in zip(positions, scored, strict=True):
                 logits[position] = row_logits
         decisions = {}
-        for index, row, lg, (layout, _), head in zip(indexes, rows, logits, inputs, served, strict=True):
+        for index, row, lg, (layout, lexical), head in zip(
+            indexes, rows, logits, inputs, served, strict=True
+        ):
             probs = [p.tolist() for p in probabilities(lg, layout)]
-            decisions[index] = self.decision(
+            decision = self.decision(
                 row.work, probs, row.plan.report, row.work.record.input_tokens - row.start_at, head=head
             )
+            if row.work.request.x_explain is not None:
+                decision = self._explained(decision, row.work, head, hiddens[index], layout, lexical, probs)
+            decisions[index] = decision
         with self._work_lock:
             self.work.requests += len(indexes)
         return decisions
+
+    def _explained(
+        self,
+        decision: Decision,
+        w: PreparedRequest,
+        head: ServedHead,
+        hidden: Tensor,
+        layout: HeadLayout,
+        lexical: Tensor,
+        probs: list[list[float]],
+    ) -> Decision:
+        """``decision`` with each answer's ``x_evidence`` and the explanation record (``x_explain``)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this executor was built without the tokenizer x_explain needs")
+        explanation = explain_row(
+            head.head,
+            hidden,
+            layout,
+            lexical,
+            w.request,
+            w.record,
+            w.images,
+            probs,
+            self.tokenizer,
+            self.options.explain_method,
+        )
+        answers = {
+            question_id: {**answer, "x_evidence": explanation.evidence[question_id]}
+            for question_id, answer in decision.answers.items()
+        }
+        return replace(decision, answers=answers, explanation=explanation.record)
 
     def calibrated(
         self, w: PreparedRequest, probs: list[list[float]], head: ServedHead | None = None

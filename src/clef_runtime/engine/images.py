@@ -77,6 +77,17 @@ class PreparedImage:
 
     pixels: PreprocessedImage
     digest: bytes
+    size: tuple[int, int] = (0, 0)
+    """The decoded image's (width, height) in pixels, what evidence boxes are given in; (0, 0): unknown, the
+    tower's view (`pixel_size`) stands in."""
+
+    @property
+    def pixel_size(self) -> tuple[int, int]:
+        """(width, height) for evidence boxes: the decoded image's, else the tower's 16-pixel patch grid's."""
+        if self.size != (0, 0):
+            return self.size
+        _, grid_height, grid_width = self.pixels.grid_thw
+        return (grid_width * 16, grid_height * 16)
 
     @property
     def n_tokens(self) -> int:
@@ -110,7 +121,9 @@ def prepare_images(sources: Sequence[ImageSource], settings: ImageSettings) -> t
             image, settings.mode, max_tokens=settings.max_tokens, processor_config=settings.processor_config
         )
         prepared.append(
-            PreparedImage(pixels=pixels, digest=image_digest(pixels.pixel_values, pixels.grid_thw))
+            PreparedImage(
+                pixels=pixels, digest=image_digest(pixels.pixel_values, pixels.grid_thw), size=image.size
+            )
         )
     return tuple(prepared)
 

@@ -123,6 +123,8 @@ def merge_decisions(request: SystemOneRequest, decisions: Sequence[Decision]) ->
         ),
         replica=decisions[0].replica,
         probabilities=probabilities,
+        # Every part explains the same state with the same options: one record serves them all.
+        explanation=decisions[0].explanation,
     )
 
 

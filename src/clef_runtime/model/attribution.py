@@ -31,10 +31,11 @@ import torch
 from torch import Tensor
 
 from clef_runtime.model.head import HeadLayout, JointSchemaHead
+from clef_runtime.options import EXPLAIN_METHODS
 
 __all__ = ["IG_STEPS", "METHODS", "AttributionTarget", "row_attributions", "target_values"]
 
-METHODS = ("gradient_x_input", "integrated_gradients", "attention")
+METHODS = EXPLAIN_METHODS
 #: Points on the integrated-gradients path.
 IG_STEPS = 16
 
@@ -71,26 +72,27 @@ def row_attributions(
     option_lexical: Tensor,
     rows: Tensor,
     targets: Sequence[AttributionTarget],
-    method: str = "gradient_x_input",
+    method: str = METHODS[0],
 ) -> Tensor:
     """The weight of each of ``rows`` (indexes into ``hidden``'s rows) for each target, [len(targets),
     len(rows)] fp32 on the CPU. ``hidden``: the record's [T, hidden_size] rows as `JointSchemaHead.score`
     takes them (an inference tensor is fine). Raises ValueError for an unknown method."""
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r} (expected one of {', '.join(METHODS)})")
-    rows = rows.to(head.device)
-    # Inference tensors cannot take part in autograd: everything below works on fresh tensors.
-    with torch.inference_mode(False), torch.no_grad():
-        hidden = hidden.to(head.device).clone()
-        lexical = option_lexical.to(head.device).clone()
-        memory = head.memory_rows(hidden).clone()
-    if method == "attention":
-        weights = _attention(head, hidden, layout, lexical, memory, rows, targets)
-    elif method == "gradient_x_input":
-        weights = _gradient_x_input(head, hidden, layout, lexical, memory, rows, targets, steps=None)
-    else:
-        weights = _gradient_x_input(head, hidden, layout, lexical, memory, rows, targets, steps=IG_STEPS)
-    return weights.to("cpu")
+    # The engine decides in inference mode, whose tensors cannot take part in autograd: everything here runs
+    # outside it, on fresh copies.
+    with torch.inference_mode(False):
+        with torch.no_grad():
+            rows = rows.to(head.device).clone()
+            hidden = hidden.to(head.device).clone()
+            lexical = option_lexical.to(head.device).clone()
+            memory = head.memory_rows(hidden).clone()
+        if method == "attention":
+            weights = _attention(head, hidden, layout, lexical, memory, rows, targets)
+        else:
+            steps = None if method == "gradient_x_input" else IG_STEPS
+            weights = _gradient_x_input(head, hidden, layout, lexical, memory, rows, targets, steps=steps)
+        return weights.to("cpu")
 
 
 def _gradient_x_input(
@@ -109,11 +111,13 @@ def _gradient_x_input(
     explained = memory[rows]
     scales = [1.0] if steps is None else [(step + 0.5) / steps for step in range(steps)]
     gradient_sum = torch.zeros(len(targets), *explained.shape, dtype=torch.float32, device=memory.device)
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.enable_grad():
         for scale in scales:
             scaled = explained.mul(scale).requires_grad_(True)
             path_memory = memory.index_put((rows,), scaled)
-            values = target_values(head.logits_from_memory(hidden, layout, lexical, path_memory), layout, targets)
+            values = target_values(
+                head.logits_from_memory(hidden, layout, lexical, path_memory), layout, targets
+            )
             for number in range(len(targets)):
                 (gradient,) = torch.autograd.grad(
                     values[number], scaled, retain_graph=number + 1 < len(targets)
@@ -132,7 +136,7 @@ def _attention(
     targets: Sequence[AttributionTarget],
 ) -> Tensor:
     """The answer's queries' attention to ``rows``, averaged over heads and memory-attention layers."""
-    with torch.inference_mode(False), torch.no_grad(), head.recording_attention() as log:
+    with torch.no_grad(), head.recording_attention() as log:
         logits = head.logits_from_memory(hidden, layout, lexical, memory)
     counts = layout.option_counts
     weights = torch.zeros(len(targets), rows.shape[0], dtype=torch.float32, device=memory.device)
