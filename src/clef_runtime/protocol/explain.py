@@ -32,9 +32,8 @@ __all__ = [
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 20
 GRANULARITIES = ("word", "token", "field")
-DEFAULT_GRANULARITY = "word"
-
 Granularity = Literal["word", "token", "field"]
+DEFAULT_GRANULARITY: Granularity = "word"
 
 
 class ExplainOptions(BaseModel):
