@@ -33,11 +33,14 @@ from torch import Tensor
 from clef_runtime.model.head import HeadLayout, JointSchemaHead
 from clef_runtime.options import EXPLAIN_METHODS
 
-__all__ = ["IG_STEPS", "METHODS", "AttributionTarget", "row_attributions", "target_values"]
+__all__ = ["IG_BATCH", "IG_STEPS", "METHODS", "AttributionTarget", "row_attributions", "target_values"]
 
 METHODS = EXPLAIN_METHODS
 #: Points on the integrated-gradients path.
 IG_STEPS = 16
+#: Path points scored in one batched forward (bounds the extra memory: that many copies of the record's
+#: hidden and memory rows).
+IG_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -107,22 +110,24 @@ def _gradient_x_input(
     steps: int | None,
 ) -> Tensor:
     """Gradient x input on the memory rows ``rows`` (``steps`` None), or integrated gradients from zero rows
-    with ``steps`` midpoints."""
+    with ``steps`` midpoints, scored `IG_BATCH` points at a time (one batched forward, one backward per
+    question: a point's targets depend on its own memory only, so the sum's gradient is each point's)."""
     explained = memory[rows]
     scales = [1.0] if steps is None else [(step + 0.5) / steps for step in range(steps)]
     gradient_sum = torch.zeros(len(targets), *explained.shape, dtype=torch.float32, device=memory.device)
     with torch.enable_grad():
-        for scale in scales:
-            scaled = explained.mul(scale).requires_grad_(True)
-            path_memory = memory.index_put((rows,), scaled)
-            values = target_values(
-                head.logits_from_memory(hidden, layout, lexical, path_memory), layout, targets
-            )
+        for first in range(0, len(scales), IG_BATCH):
+            chunk = torch.tensor(scales[first : first + IG_BATCH], device=memory.device)
+            scaled = (chunk[:, None, None] * explained).requires_grad_(True)  # [n, R, W]
+            path_memory = memory.expand(chunk.shape[0], -1, -1).clone()
+            path_memory[:, rows] = scaled
+            logits = head.logits_from_memory(hidden, layout, lexical, path_memory)
+            values = torch.stack([target_values(point, layout, targets) for point in logits])  # [n, Q]
             for number in range(len(targets)):
                 (gradient,) = torch.autograd.grad(
-                    values[number], scaled, retain_graph=number + 1 < len(targets)
+                    values[:, number].sum(), scaled, retain_graph=number + 1 < len(targets)
                 )
-                gradient_sum[number] += gradient
+                gradient_sum[number] += gradient.sum(0)
     return (gradient_sum / len(scales) * explained).sum(-1)
 
 

@@ -614,12 +614,17 @@ class JointSchemaHead(nn.Module):
     def logits_from_memory(
         self, hidden: Tensor, layout: HeadLayout, option_lexical: Tensor, memory: Tensor
     ) -> Tensor:
-        """One record's [O] logits with ``memory`` (what `memory_rows` gives, or a tensor derived from it,
-        e.g. scaled or with grad) in place of the memory computed from ``hidden``; with autograd when grad is
-        enabled. Raises like `score`."""
-        index = self._batch_index([hidden], [layout], [option_lexical])
-        hidden_rows, lexical_rows = self._packed_inputs([hidden], [option_lexical])
-        return self._score_options(self._option_features(hidden_rows, lexical_rows, index, memory=memory))
+        """One record's [O] logits with ``memory`` [T, width] (what `memory_rows` gives, or a tensor derived
+        from it, e.g. scaled or with grad) in place of the memory computed from ``hidden``; or, for ``memory``
+        [n, T, width], the [n, O] logits of n variants of the record scored in one batch. With autograd when
+        grad is enabled. Raises like `score`."""
+        variants = 1 if memory.dim() == 2 else memory.shape[0]
+        index = self._batch_index([hidden] * variants, [layout] * variants, [option_lexical] * variants)
+        hidden_rows, lexical_rows = self._packed_inputs([hidden] * variants, [option_lexical] * variants)
+        packed_memory = memory.reshape(-1, memory.shape[-1])
+        features = self._option_features(hidden_rows, lexical_rows, index, memory=packed_memory)
+        logits = self._score_options(features)
+        return logits if memory.dim() == 2 else logits.view(variants, -1)
 
     @contextlib.contextmanager
     def recording_attention(self) -> Iterator[list[tuple[str, Tensor]]]:
