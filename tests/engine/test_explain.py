@@ -21,13 +21,10 @@ from tests.engine.test_clef import EXAMPLE, variant
 from tests.helpers import png_data_url
 
 TICKET = "Charged twice for my March invoice, please refund today.\nThe card ends in 4242."
+TEAMS = {"billing": "payments", "tech": "outages", "sales": None}
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Is a refund requested?"},
-    "team": {
-        "type": "choice",
-        "instructions": "Which department should handle this?",
-        "criteria": {"billing": "payments", "tech": "outages", "sales": None},
-    },
+    "team": {"type": "choice", "instructions": "Which department should handle this?", "criteria": TEAMS},
     "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["later", "soon", "now"]},
 }
 #: Words of the questions and options that the state does not hold: never evidence.
