@@ -352,10 +352,14 @@ def fake_evidence(units: Sequence[FakeUnit], index: int, images: int, top_k: int
     return items[:top_k]
 
 
+#: The method the fake engine's explanations name.
+FAKE_EXPLAIN_METHOD = "fake"
+
+
 def explain_record(state: Any, options: ExplainOptions) -> dict[str, Any]:
     """The body's ``x_explain``: the fake method's name, the options, and the rendered JSON state."""
     record: dict[str, Any] = {
-        "method": "fake",
+        "method": FAKE_EXPLAIN_METHOD,
         "granularity": options.granularity,
         "top_k": options.top_k,
         "weights": "fake evidence: the k units after the question's index, weight falling with rank, "

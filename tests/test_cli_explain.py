@@ -105,3 +105,30 @@ def test_a_bad_explain_flag_is_one_line_naming_it_before_the_model_loads(
 ) -> None:
     assert_one_line_exit_2(run_cli("decide", *flags, stdin=json.dumps(MINIMAL_REQUEST)), needle)
     assert engine.calls == []
+
+
+def test_the_real_model_prints_the_evidence_it_answers_with_and_takes_the_method() -> None:
+    request = {"state": "Charged twice, please refund.", "questions": {"refund": {"type": "noul"}}}
+    done = run_cli(
+        "decide",
+        "--model",
+        "tiny",
+        "--explain-top-k",
+        "2",
+        "--explain-method",
+        "attention",
+        stdin=json.dumps(request),
+    )
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["x_explain"]["method"] == "attention"
+    spans = body["answers"]["refund"]["x_evidence"]
+    assert len(spans) == 2
+    assert all(request["state"][span["start"] : span["end"]] == span["text"] for span in spans)
+    assert done.stderr.splitlines()[-2:] == evidence_lines(body)
+
+
+def test_a_bad_explain_method_is_one_line_naming_the_flag(engine: _Engine) -> None:
+    done = run_cli("decide", "--explain-method", "saliency", stdin=json.dumps(MINIMAL_REQUEST))
+    assert_one_line_exit_2(done, "--explain-method")
+    assert engine.calls == []

@@ -8,9 +8,12 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
+from clef_runtime.engine.clef import Clef
 from clef_runtime.protocol.explain import ExplainOptions
+from tests.live_server import Live
 from tests.server.conftest import Served
 from tests.server.explaining_engine import FAKE_METHOD, ExplainingEngine
 from tests.server.openai.test_compat_api import CHAT, CHAT_PATH, SCHEMA, assert_openai_error
@@ -77,3 +80,22 @@ def test_a_bad_x_explain_is_refused_in_openai_shape_naming_the_field(
     message = assert_openai_error(response, 400, param, response.json()["error"]["code"])
     assert message.startswith(param)
     assert explaining.engine.explained == []  # type: ignore[attr-defined]
+
+
+def test_a_live_tiny_server_returns_the_evidence_in_x_decisions(tiny: Clef) -> None:
+    """The real engine behind a real server: the chat's evidence is spans of the state the model read."""
+    live = Live(tiny)
+    try:
+        response = httpx.post(live.url + CHAT_PATH, json=_with(CHAT, {"top_k": 3}), timeout=120)
+    finally:
+        live.stop()
+    assert response.status_code == 200, response.text
+    body = response.json()
+    record = body["x_explain"]
+    assert record["method"] == "integrated_gradients" and record["top_k"] == 3
+    rendered = record.get("state_text", CHAT["messages"][-1]["content"])
+    assert set(body["x_decisions"]) == set(SCHEMA["properties"])  # type: ignore[arg-type]
+    for answer in body["x_decisions"].values():
+        assert 1 <= len(answer["x_evidence"]) <= 3
+        for span in answer["x_evidence"]:
+            assert rendered[span["start"] : span["end"]] == span["text"]
