@@ -17,7 +17,7 @@ FAKE_METHOD = FAKE_EXPLAIN_METHOD
 
 
 class ExplainingEngine(FakeClef):
-    """`FakeClef` that records ``x_explain`` (``explained``: one entry per answered request, None when off)."""
+    """`FakeClef` that records ``x_explain`` (``explained``: one entry per answered request; None: off)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
