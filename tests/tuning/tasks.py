@@ -6,32 +6,13 @@ are drawn with a seeded generator, so a seed names a case file; an untrained hea
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-KEYWORDS = (
-    "invoice",
-    "refund",
-    "charged",
-    "payment",
-    "billing",
-    "receipt",
-    "overdue",
-    "subscription",
-    "credit",
-    "price",
-)
-_FILLER_TEXT = (
-    "the team met on monday to talk about the new office layout and the printer on the second floor "
-    "my laptop is slow since the update and the screen flickers when i open the calendar "
-    "please move our weekly meeting to thursday afternoon because the room is booked "
-    "the delivery of the chairs arrived late and one box was left at the front desk "
-    "can someone reset my password for the project wiki i cannot log in from home "
-    "lunch will be served in the kitchen and there are sandwiches for everyone today"
-)
-FILLER = tuple(_FILLER_TEXT.split())
+from devtools.explain_tasks import FILLER, MONEY_KEYWORDS, write_cases
+
+KEYWORDS = MONEY_KEYWORDS
 #: The default shape: 4 to 8 filler words, and 12 more words inserted at random places: keywords in a
 #: positive, filler in a negative (16 to 20 words either way). The tiny model's random backbone carries a
 #: single keyword among 20 words too weakly to learn from 150 cases (docs/tuning.md, "Measured"): a
@@ -65,12 +46,6 @@ def billing_cases(count: int, seed: int, prefix: str = "c", **shape: Any) -> lis
     """``count`` cases drawn with ``seed`` (``shape``: `billing_case`'s ``words`` and ``mentions``)."""
     rng = random.Random(seed)
     return [billing_case(rng, number, prefix, **shape) for number in range(count)]
-
-
-def write_cases(path: Path, cases: list[dict[str, Any]]) -> Path:
-    """Writes ``cases`` as a case file (one JSON object per line)."""
-    path.write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
-    return path
 
 
 def write_task_files(directory: Path) -> tuple[Path, Path]:
