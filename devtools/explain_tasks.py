@@ -7,8 +7,8 @@ answer must point at them. The filler and the money keywords are also the tuning
 (tests/tuning/tasks.py imports them from here: tests, benchmarks and scripts share devtools).
 
 - `MONEY`: "does this message raise a money matter?" (noul; true exactly when money keywords were inserted);
-- `TEAM`: "which team should handle this message?" (choice: billing, shipping or access, each class with its
-  own eight keywords).
+- `TEAM`: "which team should handle this message?" (choice: shipping or access, each class with its own eight
+  keywords, none of them money words).
 """
 
 from __future__ import annotations
@@ -79,9 +79,12 @@ class KeywordTask:
     question_id: str
     question: Mapping[str, Any]
     keywords: Mapping[Any, tuple[str, ...]]
-    #: (fewest, most) filler words before the insertions, and how many words are inserted.
-    filler_words: tuple[int, int] = (8, 12)
-    mentions: int = 6
+    #: (fewest, most) filler words before the insertions, and how many words are inserted. Two mentions
+    #: among 12-20 words: the tiny model's tuned head then reads them from the state's rows (measured in
+    #: docs/explain.md; with six among 8-12 it also decided from how the random backbone pooled the state
+    #: into the question's rows, which no head-only attribution can see).
+    filler_words: tuple[int, int] = (12, 20)
+    mentions: int = 2
 
     def case(self, rng: random.Random, number: int, prefix: str) -> dict[str, Any]:
         """One case: its label drawn uniformly, the filler, then `mentions` words of the label inserted."""
@@ -138,12 +141,31 @@ TEAM = KeywordTask(
     question={
         "type": "choice",
         "instructions": "Which team should handle this message?",
-        "criteria": {
-            "billing": "invoices, payments and refunds",
-            "shipping": "deliveries of goods",
-            "access": "signing in and permissions",
-        },
+        "criteria": {"shipping": "deliveries of goods", "access": "signing in and permissions"},
     },
-    keywords=_TEAM_KEYWORDS,
+    # Two of the three keyword sets: with two mentions among 12-20 words, the tiny model's head tuned on
+    # 1,200 cases reached 0.82 held out on all three classes, too weak a head to measure evidence on.
+    keywords={team: _TEAM_KEYWORDS[team] for team in ("shipping", "access")},
 )
 TASKS = {task.name: task for task in (MONEY, TEAM)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devtools.explain_tasks TASK DIR [TRAIN]``: writes TASK's DIR/train.jsonl (TRAIN cases, 1200
+    by default; seed 1) and DIR/holdout.jsonl (60 other cases; seed 2): README's "Why this answer"."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3) or args[0] not in TASKS or (len(args) == 3 and not args[2].isdigit()):
+        print(f"usage: python -m devtools.explain_tasks {{{','.join(TASKS)}}} DIR [TRAIN]", file=sys.stderr)
+        return 2
+    task, directory = TASKS[args[0]], Path(args[1])
+    directory.mkdir(parents=True, exist_ok=True)
+    train = int(args[2]) if len(args) == 3 else 1200
+    print(write_cases(directory / "train.jsonl", task.cases(train, 1, "t")))
+    print(write_cases(directory / "holdout.jsonl", task.cases(60, 2, "h")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,6 +54,7 @@ LONG_FILES_FIRST = (
     "tests/scale/test_serve_config.py",
     "tests/server/jobs/test_jobs_ownership.py",
     "tests/engine/test_clef.py",
+    "tests/benchmarks/test_explain_faithfulness.py",
     "tests/test_gpu_check.py",
     "tests/test_mcp_command.py",
     "tests/devtools/test_harness.py",

@@ -1,8 +1,9 @@
 """``x_explain``'s default method is faithful on heads tuned with ``clef tune`` on two keyword-decided tasks
 (a noul and a three-way choice, classes of equal length): removing its evidence words lowers the answer's
 probability more than removing as many random words, keeping only them preserves it better, and the task's
-keywords rank in the top k, as rates over holdout cases (benchmarks/explain_faithfulness.py, the same code).
-Random words as the evidence (the negative control) fail the same thresholds."""
+keywords rank in the top k, as rates over the holdout cases whose answer the keywords decide
+(benchmarks/explain_faithfulness.py, the same code). Random words as the evidence (the negative control) fail
+the same thresholds."""
 
 from __future__ import annotations
 
@@ -20,14 +21,10 @@ from tests.benchmarks import load_benchmark
 bench = load_benchmark("explain_faithfulness")
 
 DEFAULT = EXPLAIN_METHODS[0]
-#: The benchmark's head (600 training cases, 60 held out), measured on fewer cases with fewer random sets
-#: (the benchmark: 60 cases, 5 sets).
-SIZES = {"train": 600, "holdout": 60, "measured": 40, "top_k": 5, "draws": 3, "seed": 7}
-#: Set from the benchmark's figures with a margin (benchmarks/results/explain-faithfulness.json).
-THRESHOLDS = {
-    MONEY.name: Thresholds(comprehensiveness_win=0.6, sufficiency_win=0.6, keyword_precision=0.7),
-    TEAM.name: Thresholds(comprehensiveness_win=0.6, sufficiency_win=0.6, keyword_precision=0.6),
-}
+#: The benchmark's sizes (benchmarks/explain_faithfulness.py's defaults), so the figures are its figures.
+SIZES = {"train": 1200, "holdout": 60, "measured": 60, "top_k": 5, "draws": 5, "seed": 7}
+#: docs/explain.md says how they were set: where the random control fails them by a wide margin.
+THRESHOLDS = {MONEY.name: Thresholds(), TEAM.name: Thresholds()}
 
 
 @pytest.fixture(scope="module")
@@ -60,4 +57,4 @@ def test_the_default_method_passes_every_threshold(measured: dict[str, dict[str,
 def test_random_evidence_fails_the_same_thresholds(measured: dict[str, dict[str, Any]], task: str) -> None:
     row = measured[task][RANDOM]
     failures = THRESHOLDS[task].failures(row)
-    assert "keyword_precision" in failures and "comprehensiveness_win" in failures, row
+    assert "keyword_recall" in failures and "comprehensiveness_win" in failures, row

@@ -46,9 +46,11 @@ def test_keyword_evidence_wins_and_random_evidence_does_not() -> None:
     assert all(case.answered == case.label for case in decided)  # the engine decides the task
     row = score_method(engine, "money", MONEY, decided, draws=3, seed=1)
     assert Thresholds().failures(row) == []
-    assert row["keyword_precision"] == 1.0 and row["comprehensiveness"] > row["comprehensiveness_random"]
+    assert row["keyword_recall"] == 1.0 and row["comprehensiveness"] > row["comprehensiveness_random"]
+    # Only the positives carry known words: the rates are taken on them, every case's are reported too.
+    assert row["rationale_cases"] == sum(case.label is True for case in decided) > 0
     control = score_method(engine, "money", MONEY, random_evidence(decided, 5, 2), draws=3, seed=1)
-    assert "keyword_precision" in Thresholds().failures(control), RANDOM
+    assert "keyword_recall" in Thresholds().failures(control), RANDOM
 
 
 def test_evidence_that_is_not_a_word_of_the_state_is_refused() -> None:
@@ -72,10 +74,21 @@ def test_the_tasks_classes_differ_only_in_the_inserted_words() -> None:
             lengths = [
                 len(case["state"].split()) for case in cases if case["expected"][task.question_id] == label
             ]
-            assert min(lengths) == 8 + task.mentions and max(lengths) == 12 + task.mentions
+            low, high = task.filler_words
+            assert min(lengths) == low + task.mentions and max(lengths) == high + task.mentions
         assert not any(set(words) & set(FILLER) for words in task.keywords.values())
 
 
 def test_a_case_evidence_keeps_the_answer() -> None:
     case = CaseEvidence(("a", "b"), True, True, 0.9, (0,))
     assert random_evidence([case], 5, 1)[0].evidence in {(0, 1), (1, 0)}
+
+
+def test_the_task_files_command_writes_what_the_tuning_reads(tmp_path: Any) -> None:
+    from devtools.explain_tasks import main
+
+    assert main(["team", str(tmp_path), "30"]) == 0
+    train = (tmp_path / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    holdout = (tmp_path / "holdout.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(train) == 30 and len(holdout) == 60
+    assert main(["nope", str(tmp_path)]) == 2 and main(["team", str(tmp_path), "x"]) == 2

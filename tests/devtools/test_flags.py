@@ -25,6 +25,7 @@ NON_DEFAULT: dict[str, Any] = {
     "image_mode": "g256",
     "image_max_tokens": 7,
     "confidence": "typesafe",
+    "explain_method": "attention",
     "fused_kernels": False,
     "calibration": "calibration.json",
     "head": ("tuned=/heads/tuned", "/heads/default"),
