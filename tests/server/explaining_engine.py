@@ -9,7 +9,6 @@ from typing import Any
 from devtools.fake_engine import FAKE_EXPLAIN_METHOD, FakeClef, FakeRecord
 
 from clef_runtime.engine.decision import Decision
-from clef_runtime.engine.head_records import HeadIdentity
 from clef_runtime.protocol.explain import ExplainOptions
 from clef_runtime.protocol.systemone import SystemOneRequest
 
@@ -23,12 +22,6 @@ class ExplainingEngine(FakeClef):
         super().__init__(**kwargs)
         self.explained: list[ExplainOptions | None] = []
 
-    def _answer(
-        self,
-        request: SystemOneRequest,
-        record: FakeRecord,
-        head: HeadIdentity | None = None,
-        images: int = 0,
-    ) -> Decision:
+    def _answer(self, request: SystemOneRequest, record: FakeRecord, *rest: Any) -> Decision:
         self.explained.append(request.x_explain)
-        return super()._answer(request, record, head, images)
+        return super()._answer(request, record, *rest)

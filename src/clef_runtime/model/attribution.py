@@ -95,29 +95,37 @@ def row_attributions(
             hidden = hidden.to(head.device).clone()
             lexical = option_lexical.to(head.device).clone()
             memory = head.memory_rows(hidden).clone()
+        record = _Record(head, hidden, layout, lexical, memory, rows)
         if method == "attention":
-            weights = _attention(head, hidden, layout, lexical, memory, rows, targets)
+            weights = _attention(record, targets)
         else:
             steps = None if method == "gradient_x_input" else IG_STEPS
-            weights = _gradient_x_input(head, hidden, layout, lexical, memory, rows, targets, steps=steps)
+            weights = _gradient_x_input(record, targets, steps=steps)
         return weights.to("cpu")
 
 
-def _gradient_x_input(
-    head: JointSchemaHead,
-    hidden: Tensor,
-    layout: HeadLayout,
-    lexical: Tensor,
-    memory: Tensor,
-    rows: Tensor,
-    targets: Sequence[AttributionTarget],
-    *,
-    steps: int | None,
-) -> Tensor:
+@dataclass(frozen=True)
+class _Record:
+    """One record's head inputs (fresh, non-inference tensors), its memory and the rows explained."""
+
+    head: JointSchemaHead
+    hidden: Tensor
+    layout: HeadLayout
+    lexical: Tensor
+    memory: Tensor
+    rows: Tensor
+
+    def logits(self, memory: Tensor) -> Tensor:
+        """The record's logits with ``memory`` (see `JointSchemaHead.logits_from_memory`)."""
+        return self.head.logits_from_memory(self.hidden, self.layout, self.lexical, memory)
+
+
+def _gradient_x_input(record: _Record, targets: Sequence[AttributionTarget], *, steps: int | None) -> Tensor:
     """Gradient x input on the memory rows ``rows`` (``steps`` None), or integrated gradients from zero rows
     with ``steps`` points (scale s ** `IG_PATH_POWER` at each midpoint s, weighted by its derivative), scored
     `IG_BATCH` points at a time (one batched forward, one backward per question: a point's targets depend on
     its own memory only, so the sum's gradient is each point's)."""
+    memory, rows, layout = record.memory, record.rows, record.layout
     explained = memory[rows]
     if steps is None:
         path = [(1.0, 1.0)]
@@ -134,7 +142,7 @@ def _gradient_x_input(
             scaled = (scales[:, None, None] * explained).requires_grad_(True)  # [n, R, W]
             path_memory = memory.expand(len(chunk), -1, -1).clone()
             path_memory[:, rows] = scaled
-            logits = head.logits_from_memory(hidden, layout, lexical, path_memory)
+            logits = record.logits(path_memory)
             values = torch.stack([target_values(point, layout, targets) for point in logits])  # [n, Q]
             for number in range(len(targets)):
                 (gradient,) = torch.autograd.grad(
@@ -144,18 +152,12 @@ def _gradient_x_input(
     return (gradient_sum * explained).sum(-1)
 
 
-def _attention(
-    head: JointSchemaHead,
-    hidden: Tensor,
-    layout: HeadLayout,
-    lexical: Tensor,
-    memory: Tensor,
-    rows: Tensor,
-    targets: Sequence[AttributionTarget],
-) -> Tensor:
-    """The answer's queries' attention to ``rows``, averaged over heads and memory-attention layers."""
-    with torch.no_grad(), head.recording_attention() as log:
-        logits = head.logits_from_memory(hidden, layout, lexical, memory)
+def _attention(record: _Record, targets: Sequence[AttributionTarget]) -> Tensor:
+    """The answer's queries' attention to the record's explained rows, averaged over heads and
+    memory-attention layers."""
+    memory, rows, layout = record.memory, record.rows, record.layout
+    with torch.no_grad(), record.head.recording_attention() as log:
+        logits = record.logits(memory)
     counts = layout.option_counts
     weights = torch.zeros(len(targets), rows.shape[0], dtype=torch.float32, device=memory.device)
     for number, target in enumerate(targets):
