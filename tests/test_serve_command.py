@@ -88,6 +88,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "fused_kernels": (["--no-fused-kernels"], "0", False),
     "snapshot_interval": (["--snapshot-interval", "128"], "128", 128),
     "confidence": (["--confidence", "workers-ai"], "workers-ai", "workers-ai"),
+    "explain_method": (["--explain-method", "attention"], "attention", "attention"),
     "calibration": (["--calibration", "cal.json"], "cal.json", "cal.json"),
     "head": (["--head", "a=/x", "--head", "/y"], "a=/x,/y", ("a=/x", "/y")),
     "log_requests": (["--log-requests"], "true", True),

@@ -99,8 +99,8 @@ class CachingEngine(FakeClef):
         super().__init__(**kwargs)
         self.seen: set[str] = set()
 
-    def _answer(self, request: SystemOneRequest, record: Any, head: Any = None) -> Decision:
-        answer = super()._answer(request, record, head)
+    def _answer(self, request: SystemOneRequest, record: Any, *rest: Any) -> Decision:
+        answer = super()._answer(request, record, *rest)
         state = json.dumps(request.state, sort_keys=True)
         if state in self.seen:
             answer = dataclasses.replace(answer, cache=CacheReport("hit", max(1, record.input_tokens // 2)))

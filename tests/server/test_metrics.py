@@ -60,7 +60,7 @@ class SetAnswers(FakeClef):
     answer (0.9 / 0.1, or 0.8 on a score's top level) otherwise."""
 
     def _answer(
-        self, request: SystemOneRequest, record: FakeRecord, head: HeadIdentity | None = None
+        self, request: SystemOneRequest, record: FakeRecord, head: HeadIdentity | None = None, images: int = 0
     ) -> Decision:
         tie = TIE in json.dumps(request.state)
         answers: dict[str, Any] = {}
