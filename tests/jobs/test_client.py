@@ -1,6 +1,7 @@
 """``clef jobs`` against a scripted stub of the /v1/jobs routes (standard library, no model): the connection
 flags before or after the subcommand, readable ``status`` / ``list`` (``--json`` for the server's object),
-and ``submit --wait`` naming the job as soon as it is accepted, while it still runs."""
+``submit --wait`` naming the job as soon as it is accepted, while it still runs, and a refused body
+(the server's own validation) reported on one line."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from typing import Any, ClassVar
 import pytest
 
 from clef_runtime.cli import main
+from clef_runtime.protocol.errors import RequestValidationError
+from clef_runtime.server.errors import validation_body
+from clef_runtime.server.jobs.service import parse_job_body
 from tests.helpers import JsonHandler, run_cli, stub_server
 
 
@@ -155,3 +159,24 @@ def test_submit_wait_names_the_job_as_soon_as_it_is_accepted(
 def test_list_limit_out_of_range_is_a_usage_error(stub: str) -> None:
     done = run_cli("jobs", "list", "--limit", "0", "--url", stub)
     assert done.returncode == 2 and "--limit" in done.stderr and JobsStub.requests == []
+
+
+class ValidatingJobsStub(JsonHandler):
+    """POST /v1/jobs validated by the server's own `parse_job_body`, refused with the route's 422 body."""
+
+    def do_POST(self) -> None:
+        try:
+            parse_job_body(self.body(), max_lines=100)
+        except RequestValidationError as exc:
+            return self.reply(422, validation_body(exc.errors))
+        self.reply(202, job("job_1", "queued", 0))
+
+
+def test_submit_of_a_repeated_custom_id_is_one_line_naming_the_line_and_the_id(tmp_path: Path) -> None:
+    source = tmp_path / "lines.jsonl"
+    line = '{"custom_id": "%s", "state": "s", "questions": {"q": {"type": "noul"}}}\n'
+    source.write_text(line % "a-1" + line % "b-2" + line % "a-1")
+    with stub_server(ValidatingJobsStub) as url:
+        done = run_cli("jobs", "submit", str(source), "--url", url)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "error: body.line.3.custom_id: custom_id 'a-1' repeats line 1's (HTTP 422)\n"

@@ -122,8 +122,10 @@ def _message(data: bytes) -> str:
             for item in detail[:20]
         ]
         more = body.get("invalid_lines")
-        head = f"{more} invalid line(s)" if more else "invalid request"
-        return head + "\n  " + "\n  ".join(lines)
+        if not more:
+            # A refused body (a repeated custom_id, too many lines): one line naming the field.
+            return "; ".join(lines) or "invalid request"
+        return f"{more} invalid line(s)\n  " + "\n  ".join(lines)
     return json.dumps(body)[:500]
 
 

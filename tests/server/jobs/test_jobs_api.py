@@ -104,6 +104,38 @@ def test_skip_invalid_records_them_as_failed(jobs_app: Callable[..., Served]) ->
     assert "response" in got[0] and got[1]["custom_id"] == "bad" and got[1]["error"]["detail"]
 
 
+@pytest.mark.parametrize("query", ["", "?skip_invalid=true"])
+def test_a_repeated_custom_id_refuses_the_whole_job(jobs_app: Callable[..., Served], query: str) -> None:
+    client = jobs_app().client
+    # Line 3 is blank: lines are numbered as in the file. Line 2 is an invalid request whose custom_id still
+    # counts (its failed result would carry it).
+    body = (
+        jsonl([request_line(0), {"custom_id": "a-1", "state": 5, "questions": {}}])
+        + b"\n"
+        + jsonl([request_line(2), request_line(3, custom_id="a-1")])
+    )
+    response = client.post(f"/v1/jobs{query}", content=body)
+    assert response.status_code == 422
+    assert response.json()["detail"] == [
+        {
+            "loc": ["body", "line", 5, "custom_id"],
+            "msg": "custom_id 'a-1' repeats line 2's",
+            "type": "value_error",
+        }
+    ]
+    assert client.get("/v1/jobs").json()["data"] == []  # refused up front: nothing stored, nothing run
+
+
+def test_distinct_absent_and_invalid_custom_ids_do_not_clash(jobs_app: Callable[..., Served]) -> None:
+    client = jobs_app().client
+    no_id = {"state": "no id", "questions": {"q": NOUL}}
+    bad_id = {"custom_id": "", "state": "empty id", "questions": {"q": NOUL}}  # invalid: never a clash
+    body = jsonl([request_line(0), no_id, request_line(1), no_id, bad_id, bad_id])
+    job = client.post("/v1/jobs?skip_invalid=true", content=body)
+    assert job.status_code == 202
+    assert wait_done(client, job.json()["id"])["counts"] == {"total": 6, "done": 4, "failed": 2}
+
+
 def test_a_line_the_engine_fails_is_failed_and_the_rest_go_on(jobs_app: Callable[..., Served]) -> None:
     client = jobs_app().client
     rows = [request_line(0), {"state": FAIL_MARKER, "questions": {"q": NOUL}}, request_line(2)]

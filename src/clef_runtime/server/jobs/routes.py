@@ -112,7 +112,8 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     description="Stores every line of a JSONL body (one System One request per line, with an optional "
     "`custom_id`) and answers them in the background, only when no interactive request is waiting. Every "
     "line is validated first: invalid lines give a 422 listing them (`loc: [body, line, N, ...]`), or are "
-    "recorded as failed with `?skip_invalid=true`. The job survives a server crash or restart.",
+    "recorded as failed with `?skip_invalid=true`. A `custom_id` repeated by a later line refuses the whole "
+    "job (422 at `body.line.N.custom_id` of the repeat). The job survives a server crash or restart.",
     responses={
         202: json_example("The stored job", {**_JOB_EXAMPLE, "status": "queued"}),
         200: json_example(

@@ -28,6 +28,7 @@ from clef_runtime.jobs.store import (
     JobStoreUnavailable,
 )
 from clef_runtime.model.resolve import model_identity
+from clef_runtime.protocol.custom_ids import duplicate_message, first_duplicate
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.server.runtime import ServerRuntime
@@ -59,9 +60,7 @@ def _validate_line(data: Any) -> tuple[str | None, str]:
         raise RequestValidationError.single((), "a line must be a JSON object (a System One request)", "type")
     body = dict(data)
     custom_id = body.pop("custom_id", None)
-    if custom_id is not None and (
-        not isinstance(custom_id, str) or not 1 <= len(custom_id) <= CUSTOM_ID_MAX_CHARS
-    ):
+    if custom_id is not None and not _is_valid_custom_id(custom_id):
         raise RequestValidationError.single(
             ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
         )
@@ -69,10 +68,15 @@ def _validate_line(data: Any) -> tuple[str | None, str]:
     return custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+def _is_valid_custom_id(value: Any) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= CUSTOM_ID_MAX_CHARS
+
+
 def parse_job_body(raw: bytes, *, max_lines: int) -> ParsedJob:
     """Split and validate a JSONL job body (blank lines are ignored; lines are numbered as in the file, from
     1). Returns every line, valid or not, and the errors of the invalid ones. Raises RequestValidationError
-    for a body that is not UTF-8, holds no line, or more than ``max_lines`` lines."""
+    for a body that is not UTF-8, holds no line, more than ``max_lines`` lines, or repeats a custom_id (at
+    the second line that uses it)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -122,8 +126,23 @@ def parse_job_body(raw: bytes, *, max_lines: int) -> ParsedJob:
         raise RequestValidationError.single(
             ("body",), "the job holds no line (one JSON request per line)", "missing"
         )
+    _refuse_duplicate_custom_ids(lines)
     digest = hashlib.sha256(raw).hexdigest()
     return ParsedJob(lines, errors, digest)
+
+
+def _refuse_duplicate_custom_ids(lines: list[JobLine]) -> None:
+    """Results are joined back by custom_id: a repeated one refuses the whole job, ``?skip_invalid`` or not
+    (the repeat is no fault of one line to record as failed, and a job must not be half-run). Only a valid
+    custom_id counts, on a valid line or an invalid one (its failed result carries the id too)."""
+    repeated = first_duplicate(
+        (line.line, line.custom_id if _is_valid_custom_id(line.custom_id) else None) for line in lines
+    )
+    if repeated is not None:
+        custom_id, first_line, line = repeated
+        raise RequestValidationError.single(
+            ("body", "line", line, "custom_id"), duplicate_message(custom_id, first_line), "value_error"
+        )
 
 
 def _reject_constant(name: str) -> Any:
