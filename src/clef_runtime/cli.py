@@ -1,5 +1,5 @@
-"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, tune, compare, jobs,
-heads.
+"""The ``clef`` command: encode, decide, serve, mcp, make-tiny, bench, eval, calibrate, tune, compare, batch,
+jobs, heads.
 
 Invalid input exits with status 2 and one line on stderr naming the field (an unknown flag names the flag
 and the closest known one); heavy imports (torch) happen only in the subcommands that need them.
@@ -465,6 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_arguments(mcp)
     mcp.set_defaults(func=_cmd_mcp)
+
+    batch = sub.add_parser(
+        "batch",
+        help="answer a JSONL or Parquet file of requests into a folder of results, resumable, in this "
+        "process or on Ray Data (--ray)",
+    )
+    from clef_runtime.batch.command import add_batch_arguments
+
+    add_batch_arguments(batch)
+    batch.set_defaults(func=_deferred("clef_runtime.batch.command", "run_batch_command"))
 
     jobs = sub.add_parser("jobs", help="submit and follow durable batch jobs on a server (/v1/jobs)")
     from clef_runtime.jobs.client import add_jobs_arguments

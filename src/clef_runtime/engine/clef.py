@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -527,6 +528,25 @@ class Clef(CardedEngine):
         record with image blocks but no images; when a request fails, the first failure is raised after
         the others were answered.
         """
+        return [future.result() for future in self._run_together(items)]
+
+    def decide_settled(self, items: Sequence[DecisionItem]) -> list[Decision | Exception]:
+        """`decide_encoded`, except that a request that fails does not fail the others: one `Decision` or
+        the exception of that request per item, in order (bulk work records each row's own outcome)."""
+        outcomes: list[Decision | Exception] = []
+        for future in self._run_together(items):
+            failure = future.exception()
+            if failure is None:
+                outcomes.append(future.result())
+            elif isinstance(failure, Exception):
+                outcomes.append(failure)
+            else:  # KeyboardInterrupt, SystemExit: not a request's own failure
+                raise failure
+        return outcomes
+
+    def _run_together(self, items: Sequence[DecisionItem]) -> list[Future[Decision]]:
+        """Run every item in engine steps on the calling thread until all are done; their futures, in order
+        (each holds its decision or its failure)."""
         work = [self._as_prepared(item) for item in items]
         if not work:
             return []
@@ -540,9 +560,9 @@ class Clef(CardedEngine):
                 for w in work
             ]
             loop.run_until_idle()
-            decisions = [future.result() for future in futures]
+            decisions = [future.result() for future in futures if future.exception() is None]
             self._account(before, decisions, time.perf_counter() - started)
-        return decisions
+        return futures
 
     def probabilities_encoded(self, items: Sequence[DecisionItem]) -> list[list[list[float]]]:
         """Unrounded probabilities, per item, per question, per option in model order (what

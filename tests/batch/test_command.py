@@ -1,0 +1,165 @@
+"""``clef batch`` in this process: every line once, error rows, the state cache across rows about one state,
+answers equal to the server's, the formats, and the usage errors (exit 2, nothing computed)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from clef_runtime.batch.output import read_output
+from clef_runtime.engine.clef import Clef
+from tests.batch.requests import ticket_requests, write_jsonl, write_parquet
+from tests.helpers import run_cli
+from tests.live_server import Live, systemone
+
+
+def _batch(*args: str) -> tuple[int, dict, str]:
+    run = run_cli("batch", *args)
+    summary = json.loads(run.stdout) if run.returncode == 0 else {}
+    return run.returncode, summary, run.stderr
+
+
+def test_every_line_is_answered_once_and_rows_about_one_state_hit_the_cache(tmp_path: Path) -> None:
+    requests = ticket_requests(24, 5)
+    lines: list = [*requests[:10], "{not json", *requests[10:]]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    status, summary, stderr = _batch(str(source), str(tmp_path / "out"), "--batch-rows", "8")
+    assert status == 0, stderr
+    rows = read_output(str(tmp_path / "out"))
+    assert [row.line for row in rows] == list(range(1, 26))
+    bad = rows[10]
+    assert bad.response is None and json.loads(bad.error or "")["detail"][0]["type"] == "json_invalid"
+    by_state: dict[str, list[str | None]] = defaultdict(list)
+    for row in rows:
+        if row.response is not None:
+            index = int((row.custom_id or "t-0").split("-")[1])
+            by_state[f"s{index % 5}"].append(row.cache)
+            assert json.loads(row.response)["x_state_cache"] == row.cache
+    # The first row about each state computes it; every later one finds it.
+    assert {state: caches.count("miss") for state, caches in by_state.items()} == {
+        f"s{i}": 1 for i in range(5)
+    }
+    assert all(cache in ("miss", "hit") for caches in by_state.values() for cache in caches)
+    assert summary | {"seconds": 0, "rows_per_s": 0} == {
+        "rows": 25,
+        "skipped": 0,
+        "computed": 25,
+        "errors": 1,
+        "answered": 24,
+        "cache_hits": 19,
+        "seconds": 0,
+        "rows_per_s": 0,
+        "batches": summary["batches"],
+        "output": str(tmp_path / "out"),
+    }
+    assert "25 computed (1 errors)" in stderr and "19 hits of 24 answers" in stderr
+
+
+def test_fp32_answers_equal_the_servers(tmp_path: Path) -> None:
+    requests = ticket_requests(12, 4)
+    requests[5] = {
+        **requests[5],
+        "questions": {"level": {"type": "score", "criteria": ["low", "mid", "high"]}},
+    }
+    source = write_jsonl(tmp_path / "in.jsonl", requests)
+    status, _, stderr = _batch(str(source), str(tmp_path / "out"), "--dtype", "fp32", "--batch-rows", "5")
+    assert status == 0, stderr
+    rows = {row.custom_id: json.loads(row.response or "") for row in read_output(str(tmp_path / "out"))}
+    live = Live(Clef.load("tiny", dtype="fp32"))
+    try:
+        for request in requests:
+            online = systemone(live, {k: v for k, v in request.items() if k != "custom_id"})
+            offline = rows[request["custom_id"]]
+            assert offline["answers"].keys() == online["answers"].keys()
+            for question, answer in online["answers"].items():
+                _assert_same_answer(offline["answers"][question], answer)
+            assert offline["usage"]["input_tokens"] == online["usage"]["input_tokens"]
+    finally:
+        live.stop()
+
+
+def _assert_same_answer(offline: dict, online: dict) -> None:
+    """Equal answers: the same choice, probabilities within one unit of their 4th decimal (both sides round
+    fp32 values that may differ in the 7th digit with the rows batched beside them)."""
+    assert offline["type"] == online["type"]
+    if online["type"] == "noul":
+        assert offline["noul"] == pytest.approx(online["noul"], abs=1e-4)
+        return
+    assert offline[online["type"]] == online[online["type"]]
+    assert offline["probabilities"].keys() == online["probabilities"].keys()
+    for option, value in online["probabilities"].items():
+        assert offline["probabilities"][option] == pytest.approx(value, abs=1e-4)
+
+
+def test_parquet_in_jsonl_out_matches_jsonl_in_parquet_out(tmp_path: Path) -> None:
+    requests = ticket_requests(6, 3)
+    jsonl = write_jsonl(tmp_path / "in.jsonl", requests)
+    parquet = write_parquet(
+        tmp_path / "in.parquet",
+        {
+            "custom_id": [r["custom_id"] for r in requests],
+            "request": [json.dumps({k: v for k, v in r.items() if k != "custom_id"}) for r in requests],
+        },
+    )
+    assert _batch(str(jsonl), str(tmp_path / "a"), "--dtype", "fp32")[0] == 0
+    assert _batch(str(parquet), str(tmp_path / "b"), "--dtype", "fp32", "--format", "jsonl")[0] == 0
+    first = read_output(str(tmp_path / "a"))
+    second = read_output(str(tmp_path / "b"))
+    assert [(r.custom_id, r.line) for r in first] == [(r.custom_id, r.line) for r in second]
+    assert [json.loads(r.response or "")["answers"] for r in first] == [
+        json.loads(r.response or "")["answers"] for r in second
+    ]
+    (part,) = sorted((tmp_path / "b").glob("part-*.jsonl"))
+    assert json.loads(part.read_text().splitlines()[0])["response"]["model"] == "tiny"
+
+
+def test_a_rerun_of_a_finished_job_computes_nothing(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(5, 5))
+    assert _batch(str(source), str(tmp_path / "out"))[0] == 0
+    status, summary, stderr = _batch(str(source), str(tmp_path / "out"))
+    assert status == 0, stderr
+    assert (summary["skipped"], summary["computed"]) == (5, 0)
+    assert len(read_output(str(tmp_path / "out"))) == 5
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("duplicate", "line 3: custom_id 't-0' repeats line 1's"),
+        ("missing", "no such file"),
+        ("batch_rows", "--batch-rows"),
+        ("format", "--format"),
+        ("other_job", "holds the results of another job"),
+        ("replicas", "--replicas"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_problem_and_compute_nothing(
+    tmp_path: Path, case: str, message: str
+) -> None:
+    requests = ticket_requests(3, 3)
+    if case == "duplicate":
+        requests[2]["custom_id"] = "t-0"
+    source = write_jsonl(tmp_path / "in.jsonl", requests)
+    out = tmp_path / "out"
+    args = [str(source), str(out)]
+    if case == "missing":
+        args[0] = str(tmp_path / "nowhere.jsonl")
+    elif case == "batch_rows":
+        args += ["--batch-rows", "0"]
+    elif case == "format":
+        args += ["--format", "csv"]
+    elif case == "replicas":
+        args += ["--ray", "--replicas", "0"]
+    elif case == "other_job":
+        assert _batch(*args)[0] == 0
+        args += ["--confidence", "typesafe"]
+    before = sorted(p.name for p in out.glob("part-*")) if out.exists() else []
+    run = run_cli("batch", *args)
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    after = sorted(p.name for p in out.glob("part-*")) if out.exists() else []
+    assert after == before
