@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 # (measuring a loaded engine on labelled cases) and tuning (training a head on them) sit with the server.
 # scale (Ray Serve replicas and routing) is built from the server's runtime, above it: the server never knows
 # how it is scaled out; batch (`clef batch`: bulk decisions in this process or on Ray Data) sits with scale,
-# from whose Ray options it takes its pool's. The entry points (the CLI, the serve command, the quick bench, the health probe) are
-# on top.
+# from whose Ray options it takes its pool's. The entry points (the CLI, the serve command, the quick bench,
+# the health probe) are on top.
 RANKS = {
     "version": 0,
     "options": 0,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 QUESTIONS = {
     "refund": {"type": "noul"},
@@ -48,3 +49,16 @@ def outputs_by_line(rows: Sequence[Any]) -> dict[int, Any]:
         assert row.line not in by_line, f"line {row.line} written twice"
         by_line[row.line] = row
     return by_line
+
+
+def assert_same_answer(offline: dict, online: dict) -> None:
+    """Equal answers: the same choice, probabilities within one unit of their 4th decimal (both sides round
+    fp32 values that may differ in the 7th digit with the rows batched beside them)."""
+    assert offline["type"] == online["type"]
+    if online["type"] == "noul":
+        assert offline["noul"] == pytest.approx(online["noul"], abs=1e-4)
+        return
+    assert offline[online["type"]] == online[online["type"]]
+    assert offline["probabilities"].keys() == online["probabilities"].keys()
+    for option, value in online["probabilities"].items():
+        assert offline["probabilities"][option] == pytest.approx(value, abs=1e-4)

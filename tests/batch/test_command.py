@@ -11,7 +11,7 @@ import pytest
 
 from clef_runtime.batch.output import read_output
 from clef_runtime.engine.clef import Clef
-from tests.batch.requests import ticket_requests, write_jsonl, write_parquet
+from tests.batch.requests import assert_same_answer, ticket_requests, write_jsonl, write_parquet
 from tests.helpers import run_cli
 from tests.live_server import Live, systemone
 
@@ -75,23 +75,10 @@ def test_fp32_answers_equal_the_servers(tmp_path: Path) -> None:
             offline = rows[request["custom_id"]]
             assert offline["answers"].keys() == online["answers"].keys()
             for question, answer in online["answers"].items():
-                _assert_same_answer(offline["answers"][question], answer)
+                assert_same_answer(offline["answers"][question], answer)
             assert offline["usage"]["input_tokens"] == online["usage"]["input_tokens"]
     finally:
         live.stop()
-
-
-def _assert_same_answer(offline: dict, online: dict) -> None:
-    """Equal answers: the same choice, probabilities within one unit of their 4th decimal (both sides round
-    fp32 values that may differ in the 7th digit with the rows batched beside them)."""
-    assert offline["type"] == online["type"]
-    if online["type"] == "noul":
-        assert offline["noul"] == pytest.approx(online["noul"], abs=1e-4)
-        return
-    assert offline[online["type"]] == online[online["type"]]
-    assert offline["probabilities"].keys() == online["probabilities"].keys()
-    for option, value in online["probabilities"].items():
-        assert offline["probabilities"][option] == pytest.approx(value, abs=1e-4)
 
 
 def test_parquet_in_jsonl_out_matches_jsonl_in_parquet_out(tmp_path: Path) -> None:
@@ -163,3 +150,16 @@ def test_usage_errors_exit_2_naming_the_problem_and_compute_nothing(
     assert len(run.stderr.strip().splitlines()) == 1
     after = sorted(p.name for p in out.glob("part-*")) if out.exists() else []
     assert after == before
+
+
+def test_a_progress_bar_counts_the_rows_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from clef_runtime.batch.pipeline import BatchJob, run_batch
+
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(6, 3))
+    run_batch(BatchJob(str(source), str(tmp_path / "out"), progress=True))
+    assert "6/6" in capsys.readouterr().err
+    # The negative control: without it (what a pipe gets) nothing is drawn.
+    run_batch(BatchJob(str(source), str(tmp_path / "again"), progress=False))
+    assert "6/6" not in capsys.readouterr().err

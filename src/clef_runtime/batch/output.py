@@ -1,9 +1,10 @@
 """OUTPUT: a folder of part files (Parquet, or JSONL with ``--format jsonl``) written by the driver alone,
 and a manifest that lets a rerun resume.
 
-Every commit writes one part file whole: to a hidden temporary name first, then moved to
-``part-RRRR-NNNNNN.<ext>`` (run number, commit number). A process killed mid-write leaves only a hidden
-temporary file, which readers skip and the next run deletes; a committed part is complete. The driver keeps
+Every commit writes one part file whole, named ``part-RRRR-NNNNNN.<ext>`` (run number, commit number): on a
+filesystem to a hidden temporary name first, then renamed; on an object store (S3, GCS) with one PUT, which
+is whole or absent. A process killed mid-write leaves at most a hidden temporary file, which readers skip
+and the next run deletes; a committed part is complete. The driver keeps
 the set of lines already committed and drops a row it has seen (a retried Ray task can hand a batch over
 twice): each line is in OUTPUT exactly once.
 
@@ -33,6 +34,8 @@ OutputFormat = Literal["parquet", "jsonl"]
 MANIFEST = "_clef_batch.json"
 _MANIFEST_VERSION = 1
 _TEMPORARY_PREFIX = ".tmp-"
+_WHOLE_PUT_STORES = frozenset({"s3", "gcs"})
+"""pyarrow filesystems (``type_name``) where an object appears whole or not at all."""
 
 
 class OutputConflictError(InputError):
@@ -112,15 +115,19 @@ class BatchOutput:
         self.commits += 1
         suffix = "parquet" if self.format == "parquet" else "jsonl"
         final = f"{self.location.path}/part-{self.run:04d}-{self.commits:06d}.{suffix}"
-        temporary = f"{self.location.path}/{_TEMPORARY_PREFIX}{uuid.uuid4().hex}.{suffix}"
         filesystem = self.location.filesystem
+        # An object store's PUT is whole or absent, and its "move" is a copy: write the final name directly
+        # there; a filesystem gets a hidden temporary file renamed into place.
+        direct = filesystem.type_name in _WHOLE_PUT_STORES
+        target = final if direct else f"{self.location.path}/{_TEMPORARY_PREFIX}{uuid.uuid4().hex}.{suffix}"
         try:
             if self.format == "parquet":
-                pq.write_table(output_table(fresh), temporary, filesystem=filesystem, compression="zstd")
+                pq.write_table(output_table(fresh), target, filesystem=filesystem, compression="zstd")
             else:
-                with filesystem.open_output_stream(temporary) as stream:
+                with filesystem.open_output_stream(target) as stream:
                     stream.write("".join(_jsonl_line(row) for row in fresh).encode())
-            filesystem.move(temporary, final)
+            if not direct:
+                filesystem.move(target, final)
         except BaseException:
             for row in fresh:
                 self.done.discard(row.line)
