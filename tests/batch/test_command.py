@@ -4,6 +4,7 @@ answers equal to the server's, the formats, and the usage errors (exit 2, nothin
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -163,3 +164,16 @@ def test_a_progress_bar_counts_the_rows_when_asked(
     # The negative control: without it (what a pipe gets) nothing is drawn.
     run_batch(BatchJob(str(source), str(tmp_path / "again"), progress=False))
     assert "6/6" not in capsys.readouterr().err
+
+
+def test_the_python_example_of_docs_batch_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "batch.md").read_text(encoding="utf-8")
+    (snippet,) = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    write_jsonl(tmp_path / "tickets.jsonl", ticket_requests(4, 2))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/batch.md", "exec"), namespace)
+    assert [row.custom_id for row in namespace["rows"]] == ["t-0", "t-1", "t-2", "t-3"]
+    assert namespace["summary"].computed == 4

@@ -28,7 +28,7 @@ from clef_runtime.options import (
 )
 from clef_runtime.scale.settings import RAY_OPTIONS
 
-__all__ = ["BATCH_OPTIONS", "add_batch_arguments", "run_batch_command"]
+__all__ = ["BATCH_OPTIONS", "BATCH_TABLE_OPTIONS", "add_batch_arguments", "run_batch_command"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -81,9 +81,22 @@ BATCH_OPTIONS: tuple[Option, ...] = (
         "S",
     ),
 )
-_POOL_OPTIONS = tuple(
+RAY_OPTION = Option(
+    "ray",
+    "--ray",
+    "CLEF_BATCH_RAY",
+    str,
+    "run on Ray Data: --replicas actors (ClefBatchWorker), each holding the model; --ray alone (or 'local') "
+    "starts a local Ray head on 127.0.0.1 and stops it at the end, --ray ADDRESS joins a cluster (auto, "
+    "ray://head:10001)",
+    "[ADDRESS]",
+)
+_POOL_OPTIONS: tuple[Option, ...] = tuple(
     option for option in RAY_OPTIONS if option.field in ("replicas", "ray_num_cpus", "ray_num_gpus")
 )
+BATCH_TABLE_OPTIONS: tuple[Option, ...] = (*BATCH_OPTIONS, RAY_OPTION, *_POOL_OPTIONS)
+"""What README's batch table lists: the batch options, --ray and the pool's (the engine's are the serve
+table's)."""
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,14 +113,15 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
         help="the folder of results (created; rerun with the same OUTPUT to resume), local or a URI",
     )
     add_option_arguments(parser, (MODEL_OPTION, *ENGINE_OPTIONS, *BATCH_OPTIONS, *_POOL_OPTIONS))
+    # Not add_option_arguments: the address is optional after the flag (``--ray`` alone: a local head).
     parser.add_argument(
-        "--ray",
+        RAY_OPTION.flag,
+        dest=RAY_OPTION.field,
         nargs="?",
         const=LOCAL_RAY,
         default=None,
-        metavar="ADDRESS",
-        help="run on Ray Data: --replicas actors (ClefBatchWorker) each holding the model; without ADDRESS a "
-        "local Ray head on 127.0.0.1, else join ADDRESS (auto, ray://head:10001) [env CLEF_BATCH_RAY]",
+        metavar=RAY_OPTION.metavar,
+        help=f"{RAY_OPTION.help} [env {RAY_OPTION.env}]",
     )
 
 
@@ -115,8 +129,8 @@ def _job(args: argparse.Namespace) -> Any:
     from clef_runtime.batch.pipeline import BatchJob
     from clef_runtime.batch.ray_data import RayPool
 
-    values = read_option_values(args, os.environ, (MODEL_OPTION, *BATCH_OPTIONS, *_POOL_OPTIONS))
-    ray = args.ray if args.ray is not None else os.environ.get("CLEF_BATCH_RAY") or None
+    values = read_option_values(args, os.environ, (MODEL_OPTION, *BATCH_OPTIONS, RAY_OPTION, *_POOL_OPTIONS))
+    ray = values.pop("ray", None) or None
     pool = None
     if ray is not None:
         replicas = values.pop("replicas", 2)
