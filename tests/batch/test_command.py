@@ -177,3 +177,30 @@ def test_the_python_example_of_docs_batch_runs_as_written(
     exec(compile(snippet, "docs/batch.md", "exec"), namespace)
     assert [row.custom_id for row in namespace["rows"]] == ["t-0", "t-1", "t-2", "t-3"]
     assert namespace["summary"].computed == 4
+
+
+def test_a_row_that_breaks_preparation_is_an_error_row_not_a_failed_batch(tmp_path: Path) -> None:
+    from unittest import mock
+
+    from clef_runtime.batch.rows import InputRow
+    from clef_runtime.batch.worker import answer_rows
+
+    clef = Clef.load("tiny", dtype="fp32")
+    requests = ticket_requests(3, 3)
+    rows = [
+        InputRow(i + 1, r["custom_id"], json.dumps({k: v for k, v in r.items() if k != "custom_id"}))
+        for i, r in enumerate(requests)
+    ]
+    real_prepare = clef.prepare
+
+    def prepare(request: dict, **kwargs: object) -> object:
+        if "order 1" in request["state"]:
+            raise RuntimeError("a bug in preparation")
+        return real_prepare(request, **kwargs)
+
+    with mock.patch.object(clef, "prepare", side_effect=prepare):
+        out = answer_rows(clef, rows)
+    assert [row.line for row in out] == [1, 2, 3]
+    assert out[1].response is None and json.loads(out[1].error or "")["type"] == "internal_error"
+    assert "a bug in preparation" in json.loads(out[1].error or "")["message"]
+    assert out[0].response is not None and out[2].response is not None

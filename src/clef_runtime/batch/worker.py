@@ -51,6 +51,10 @@ def answer_rows(clef: Clef, rows: Sequence[InputRow]) -> list[OutputRow]:
         except ClefError as exc:
             outputs[row.line] = error_row(row, exc)
             continue
+        except Exception as exc:  # a bug on one row must not fail its batch (Ray would fail the whole run)
+            logger.warning("line %d could not be prepared: %r", row.line, exc)
+            outputs[row.line] = error_row(row, exc)
+            continue
         parts = prepared.parts if isinstance(prepared, IndependentRequest) else (prepared,)
         truncated = max(part.record.truncated_state_tokens for part in parts)
         work.append((row, prepared, truncated))
