@@ -53,6 +53,8 @@ LONG_FILES_FIRST = (
     "tests/reliability/test_faults.py",
     "tests/scale/test_serve_config.py",
     "tests/server/jobs/test_jobs_ownership.py",
+    "tests/batch/test_ray_batch.py",
+    "tests/batch/test_resume.py",
     "tests/engine/test_clef.py",
     "tests/benchmarks/test_explain_faithfulness.py",
     "tests/test_gpu_check.py",
