@@ -204,3 +204,17 @@ def test_a_row_that_breaks_preparation_is_an_error_row_not_a_failed_batch(tmp_pa
     assert out[1].response is None and json.loads(out[1].error or "")["type"] == "internal_error"
     assert "a bug in preparation" in json.loads(out[1].error or "")["message"]
     assert out[0].response is not None and out[2].response is not None
+
+
+@pytest.mark.parametrize(
+    ("flags", "gpus"),
+    [([], 0.0), (["--device", "cuda"], 1.0), (["--device", "cuda:1", "--ray-num-gpus", "0.5"], 0.5)],
+)
+def test_a_cuda_device_reserves_a_gpu_per_actor_unless_told(flags: list[str], gpus: float) -> None:
+    from clef_runtime.batch.command import _job
+    from clef_runtime.cli import build_parser
+
+    args = build_parser().parse_args(["batch", "in.jsonl", "out", "--ray", "--replicas", "3", *flags])
+    job = _job(args)
+    assert job.ray is not None
+    assert (job.ray.address, job.ray.replicas, job.ray.num_gpus) == (None, 3, gpus)

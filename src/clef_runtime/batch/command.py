@@ -130,12 +130,15 @@ def _job(args: argparse.Namespace) -> Any:
     from clef_runtime.batch.ray_data import RayPool
 
     values = read_option_values(args, os.environ, (MODEL_OPTION, *BATCH_OPTIONS, RAY_OPTION, *_POOL_OPTIONS))
+    options = EngineOptions.from_sources(args, os.environ)
     ray = values.pop("ray", None) or None
     pool = None
     if ray is not None:
         replicas = values.pop("replicas", 2)
         cpus = values.pop("ray_num_cpus", 1.0)
-        gpus = values.pop("ray_num_gpus", 0.0)
+        # An actor given no GPU sees none (Ray hides them): --device cuda means one GPU per actor unless
+        # --ray-num-gpus says otherwise, rather than a load that fails on every actor.
+        gpus = values.pop("ray_num_gpus", 1.0 if options.device.startswith("cuda") else 0.0)
         if replicas < 1 or cpus < 0 or gpus < 0:
             raise OptionsError("--replicas must be at least 1, --ray-num-cpus and --ray-num-gpus at least 0")
         pool = RayPool(None if ray == LOCAL_RAY else ray, replicas, cpus, gpus)
@@ -148,7 +151,7 @@ def _job(args: argparse.Namespace) -> Any:
         return BatchJob(
             input=args.input,
             output=args.output,
-            options=EngineOptions.from_sources(args, os.environ),
+            options=options,
             ray=pool,
             progress=sys.stderr.isatty(),
             **values,

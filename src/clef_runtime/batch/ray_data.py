@@ -65,6 +65,13 @@ def ray_answers(
             init["address"] = pool.address
         ray.init(**init)
     try:
+        cluster_gpus = ray.cluster_resources().get("GPU", 0)
+        if cluster_gpus and not pool.num_gpus:
+            logger.warning(
+                "the Ray cluster has %g GPUs but the workers use none: give --ray-num-gpus 1 (or --device "
+                "cuda) to answer on them",
+                cluster_gpus,
+            )
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the command draws its own
         context.print_on_execution_start = False
