@@ -15,7 +15,7 @@ model (a Hugging Face id in each node's cache, or a path on shared storage) and 
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,13 +27,6 @@ from clef_runtime.batch.worker import ClefBatchWorker
 __all__ = ["RayPool", "ray_answers"]
 
 logger = logging.getLogger("clef_runtime.batch")
-
-_RAY_ENVIRONMENT = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_COLOR_PREFIX": "0",
-    "RAY_DEDUP_LOGS": "0",
-}
-"""Defaults for Ray's own variables (a variable already set wins), read when Ray is imported and started."""
 
 
 @dataclass(frozen=True)
@@ -52,18 +45,13 @@ def ray_answers(
 ) -> Iterator[pa.Table]:
     """The answered batches (`clef_runtime.batch.rows.OUTPUT_SCHEMA` tables), in the order they finish.
     Starts or joins Ray first; stops what it started when the iteration ends or is abandoned."""
-    for name, value in _RAY_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
+    from clef_runtime.scale.ray_start import start_ray
+
+    started_here = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    if started_here:
+        start_ray(pool.address)  # sets Ray's variables before ray is imported
     import ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-        if pool.address is None:
-            init.update(_node_ip_address="127.0.0.1", num_cpus=os.cpu_count() or 1)
-        else:
-            init["address"] = pool.address
-        ray.init(**init)
     try:
         cluster_gpus = ray.cluster_resources().get("GPU", 0)
         if cluster_gpus and not pool.num_gpus:

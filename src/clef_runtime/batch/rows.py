@@ -81,16 +81,7 @@ OUTPUT_SCHEMA = pa.schema(
 
 def input_table(rows: Sequence[InputRow]) -> pa.Table:
     """``rows`` as an Arrow table of `INPUT_SCHEMA`."""
-    return pa.table(
-        {
-            "line": [row.line for row in rows],
-            "custom_id": [row.custom_id for row in rows],
-            "request": [row.request for row in rows],
-            "error": [row.error for row in rows],
-            "group": [row.group for row in rows],
-        },
-        schema=INPUT_SCHEMA,
-    )
+    return _table(rows, INPUT_SCHEMA)
 
 
 def input_rows(table: pa.Table | dict[str, Any]) -> list[InputRow]:
@@ -101,22 +92,18 @@ def input_rows(table: pa.Table | dict[str, Any]) -> list[InputRow]:
 
 def output_table(rows: Sequence[OutputRow]) -> pa.Table:
     """``rows`` as an Arrow table of `OUTPUT_SCHEMA`."""
-    return pa.table(
-        {
-            "custom_id": [row.custom_id for row in rows],
-            "line": [row.line for row in rows],
-            "response": [row.response for row in rows],
-            "error": [row.error for row in rows],
-            "cache": [row.cache for row in rows],
-        },
-        schema=OUTPUT_SCHEMA,
-    )
+    return _table(rows, OUTPUT_SCHEMA)
 
 
 def output_rows(table: pa.Table | dict[str, Any]) -> list[OutputRow]:
     """The rows of an `output_table` (or of a column dict)."""
     columns = _columns(table, OUTPUT_SCHEMA.names)
     return [OutputRow(*values) for values in zip(*columns, strict=True)]
+
+
+def _table(rows: Sequence[InputRow] | Sequence[OutputRow], schema: pa.Schema) -> pa.Table:
+    """The records' fields, named as the schema's columns, as a table of that schema."""
+    return pa.table({name: [getattr(row, name) for row in rows] for name in schema.names}, schema=schema)
 
 
 def _columns(table: pa.Table | dict[str, Any], names: Sequence[str]) -> list[list[Any]]:

@@ -43,6 +43,7 @@ from clef_runtime.engine.policy import DEFAULT_STEP_ROWS
 from clef_runtime.jobs.runner import RetryLaterError
 from clef_runtime.logs import configure_logging
 from clef_runtime.protocol.systemone import SystemOneRequest
+from clef_runtime.scale.ray_start import start_ray
 from clef_runtime.scale.settings import RAY_OPTIONS, RaySettings, split_ray_values
 from clef_runtime.server.errors import ApiError
 from clef_runtime.server.runtime import Dispatcher, Engine, ServerRuntime
@@ -68,16 +69,6 @@ _STOP_TIMEOUT_S = 20
 _INGRESS_HEADROOM = 64
 """Requests beyond ``--max-queue`` the ingress takes in (probes, pages, bodies being read): the server's own
 429 decides overload, instead of Ray Serve's proxy queueing requests in front of a busy ingress."""
-
-_RAY_ENVIRONMENT = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    # Ray prints each replica's lines behind a "(ServeReplica:... pid=N)" prefix in ANSI colours: plain text.
-    "RAY_COLOR_PREFIX": "0",
-    # Ray folds lines that look alike into "[repeated Nx across cluster]" (in colour): a server log keeps
-    # every request's line.
-    "RAY_DEDUP_LOGS": "0",
-}
-"""Defaults for Ray's own variables (a variable already set wins), read when Ray is imported and started."""
 
 
 @dataclass(frozen=True)
@@ -517,18 +508,10 @@ def build_application(
 def run_ray_serve(settings: ServerSettings, ray_settings: RaySettings) -> int:
     """Start (or join) Ray, deploy, serve until SIGTERM/SIGINT, then stop everything this process started.
     Returns the exit status."""
-    for name, value in _RAY_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    import ray
+    start_ray(ray_settings.ray_address)  # sets Ray's variables before ray is imported
     from ray import serve
 
     logger.info("settings: %s; ray: %s", settings.redacted(), dataclasses.asdict(ray_settings))
-    init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if ray_settings.ray_address is None:
-        init.update(_node_ip_address="127.0.0.1", num_cpus=os.cpu_count() or 1)
-    else:
-        init["address"] = ray_settings.ray_address
-    ray.init(**init)
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
