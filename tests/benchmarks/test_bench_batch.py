@@ -84,9 +84,11 @@ def test_the_quick_run_reports_every_mode_with_consistent_counts(tmp_path: Path)
         summary = run["summary"]
         assert summary["computed"] == summary["answered"] == 40 and summary["errors"] == 0, mode
         assert run["hit_rate"] == summary["cache_hits"] / 40
-    (inprocess,) = report["runs"]["inprocess"]
-    assert inprocess["summary"]["cache_hits"] == expected_hits
-    assert inprocess["summary"]["skipped"] == 0
+    # One hit per pair: in this process (one state cache), on Ray with rows grouped by state (a pair's rows
+    # in one batch, so on one actor) and through the jobs route (one server's cache).
+    for mode in ("inprocess", "ray2", "jobs"):
+        assert report["runs"][mode][0]["summary"]["cache_hits"] == expected_hits, mode
+    assert report["runs"]["inprocess"][0]["summary"]["skipped"] == 0
     assert report["runs"]["jobs"][0]["server_start_s"] > 0
     grouping = {(entry["rows"], entry["grouping"]): entry for entry in report["grouping"]}
     assert sorted(grouping) == sorted(
