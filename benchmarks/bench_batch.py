@@ -31,7 +31,7 @@ shared states whose rows land in one batch).
 Usage::
 
     python -m benchmarks.bench_batch --out benchmarks/results/batch-2.json
-    python -m benchmarks.bench_batch --quick --out /tmp/batch.json    # smoke run (a minute: Ray starts)
+    python -m benchmarks.bench_batch --quick --out /tmp/batch.json    # smoke run (no Ray; --modes adds it)
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ RAY_LOCK = Path(tempfile.gettempdir()) / "clef-tests-ray.lock"
 """The lock tests/scale/test_ray_serve.py (`one_ray_cluster_at_a_time`) holds while it runs a Ray head."""
 RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "ray/dashboard", "ray/autoscaler")
 JOB_POLL_S = 0.2
-QUICK_MODES = ("inprocess", "ray2", "jobs")
+QUICK_MODES = ("inprocess", "jobs")
 
 
 @dataclass(frozen=True)
@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_run_arguments(
         parser,
-        quick="40 requests, 1 repetition, modes inprocess ray2 jobs, grouping on 40 and 400 rows",
+        quick="40 requests, 1 repetition, modes inprocess jobs, grouping on 40 and 400 rows",
         output="--out",
         model="tiny",
     )

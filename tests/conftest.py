@@ -53,7 +53,6 @@ LONG_FILES_FIRST = (
     "tests/reliability/test_faults.py",
     "tests/scale/test_serve_config.py",
     "tests/server/jobs/test_jobs_ownership.py",
-    "tests/batch/test_ray_batch.py",
     "tests/batch/test_resume.py",
     "tests/engine/test_clef.py",
     "tests/benchmarks/test_explain_faithfulness.py",
@@ -62,6 +61,8 @@ LONG_FILES_FIRST = (
     "tests/devtools/test_harness.py",
     "tests/tuning/test_command.py",
     "tests/reliability/test_load.py",
+    # Last of the long ones: a Ray head per machine (a file lock), so not beside test_ray_serve's.
+    "tests/batch/test_ray_batch.py",
 )
 
 

@@ -20,14 +20,15 @@ from tests.scale.test_ray_serve import one_ray_cluster_at_a_time, ray_processes
 
 pytestmark = pytest.mark.slow
 
-ROWS = 400
+ROWS = 200
+STATES = 50
 WORKER = b"ray::MapWorker(MapBatches(ClefBatchWorker))"
 BUSY = WORKER + b".submit"
 """Ray's process title of an actor while it runs a batch (``.submit`` is Ray Data's task method)."""
 
 
 def test_a_worker_killed_while_it_holds_rows_loses_none_and_writes_none_twice(tmp_path: Path) -> None:
-    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(ROWS, 100, filler_words=40))
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(ROWS, STATES, filler_words=40))
     options = ("--dtype", "fp32", "--batch-rows", "8", "--commit-rows", "50")
     local = run_cli("batch", str(source), str(tmp_path / "local"), *options)
     assert local.returncode == 0, local.stderr
@@ -70,6 +71,9 @@ def test_a_worker_killed_while_it_holds_rows_loses_none_and_writes_none_twice(tm
     assert killed in workers and len(workers) >= 3, workers
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     assert (summary["rows"], summary["computed"], summary["errors"]) == (ROWS, ROWS, 0)
+    # Each state's 4 rows travel in one batch (grouped by state), so each state is computed once, on one
+    # actor: the killed actor's batch, retried on its replacement, computes its states again from scratch.
+    assert summary["cache_hits"] == ROWS - STATES
     rows = outputs_by_line(read_output(str(tmp_path / "ray")))
     assert sorted(rows) == list(range(1, ROWS + 1))
     expected = outputs_by_line(read_output(str(tmp_path / "local")))

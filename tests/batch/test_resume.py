@@ -17,12 +17,12 @@ from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
 
-ROWS = 600
+ROWS = 400
 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "interrupted"])
 def test_the_rerun_computes_only_the_rows_not_yet_written(tmp_path: Path, stop: signal.Signals) -> None:
-    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(ROWS, 150, filler_words=40))
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(ROWS, 100, filler_words=40))
     out = tmp_path / "out"
     args = (str(source), str(out), "--batch-rows", "8", "--commit-rows", "16")
     process = start_batch(*args, log=tmp_path / "first.log")

@@ -120,7 +120,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const=LOCAL_RAY,
         default=None,
-        metavar=RAY_OPTION.metavar,
+        metavar="ADDRESS",  # argparse brackets an optional value itself
         help=f"{RAY_OPTION.help} [env {RAY_OPTION.env}]",
     )
 
