@@ -30,11 +30,15 @@ import pyarrow.parquet as pq
 
 from clef_runtime.batch.rows import InputRow, input_table, state_group
 from clef_runtime.jobs.runner import error_object
-from clef_runtime.protocol.custom_ids import duplicate_message, first_duplicate
+from clef_runtime.protocol.custom_ids import (
+    custom_id_error,
+    duplicate_message,
+    first_duplicate,
+    is_valid_custom_id,
+)
 from clef_runtime.protocol.errors import RequestValidationError
 
 __all__ = [
-    "CUSTOM_ID_MAX_CHARS",
     "BatchInput",
     "DuplicateCustomIdError",
     "InputError",
@@ -43,7 +47,6 @@ __all__ = [
     "read_input",
 ]
 
-CUSTOM_ID_MAX_CHARS = 256
 _CHUNK_ROWS = 10_000
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -272,7 +275,7 @@ def _row_of(line: int, data: Any) -> InputRow:
     if isinstance(data, RequestValidationError):
         custom_id = getattr(data, "custom_id", None)
         return InputRow(
-            line, custom_id if _valid_id(custom_id) else None, None, json.dumps(error_object(data))
+            line, custom_id if is_valid_custom_id(custom_id) else None, None, json.dumps(error_object(data))
         )
     if not isinstance(data, dict):
         error = RequestValidationError.single(
@@ -281,10 +284,8 @@ def _row_of(line: int, data: Any) -> InputRow:
         return InputRow(line, None, None, json.dumps(error_object(error)))
     body = dict(data)
     custom_id = body.pop("custom_id", None)
-    if custom_id is not None and not _valid_id(custom_id):
-        error = RequestValidationError.single(
-            ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
-        )
+    if custom_id is not None and not is_valid_custom_id(custom_id):
+        error = custom_id_error()
         return InputRow(line, None, None, json.dumps(error_object(error)))
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -292,7 +293,3 @@ def _row_of(line: int, data: Any) -> InputRow:
         error = RequestValidationError.single((), f"the row is not a JSON request: {exc}", "type")
         return InputRow(line, custom_id, None, json.dumps(error_object(error)))
     return InputRow(line, custom_id, text, None, state_group(body))
-
-
-def _valid_id(custom_id: Any) -> bool:
-    return isinstance(custom_id, str) and 1 <= len(custom_id) <= CUSTOM_ID_MAX_CHARS

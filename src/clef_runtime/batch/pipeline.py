@@ -136,7 +136,6 @@ def run_batch(job: BatchJob) -> BatchSummary:
         committer.add([error_row(row, row.error or "{}") for row in input_rows(unusable)], bar)
         for answered in _answers(job, batches):
             committer.add(output_rows(answered), bar)
-        committer.flush()
     finally:
         committer.flush()  # an interrupted run keeps what it computed
         bar.close()

@@ -1,14 +1,37 @@
 """``custom_id`` rules shared by the JSONL inputs (batch jobs, ``clef batch``): results are joined back to
 their requests by ``custom_id``, so one input must not use an id twice (OpenAI's Batch API refuses it too).
 
-Pure Python: no pydantic, no torch, no server import.
+Pure Python beside the protocol's error type: no pydantic model, no torch, no server import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["duplicate_message", "first_duplicate"]
+from clef_runtime.protocol.errors import RequestValidationError
+
+__all__ = [
+    "CUSTOM_ID_MAX_CHARS",
+    "custom_id_error",
+    "duplicate_message",
+    "first_duplicate",
+    "is_valid_custom_id",
+]
+
+CUSTOM_ID_MAX_CHARS = 256
+
+
+def is_valid_custom_id(value: Any) -> bool:
+    """Whether ``value`` is a usable ``custom_id``: a string of 1-`CUSTOM_ID_MAX_CHARS` characters."""
+    return isinstance(value, str) and 1 <= len(value) <= CUSTOM_ID_MAX_CHARS
+
+
+def custom_id_error() -> RequestValidationError:
+    """The error of a line whose ``custom_id`` is not `is_valid_custom_id`, naming the field."""
+    return RequestValidationError.single(
+        ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
+    )
 
 
 def first_duplicate(ids: Iterable[tuple[int, str | None]]) -> tuple[str, int, int] | None:

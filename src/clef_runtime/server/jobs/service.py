@@ -28,7 +28,13 @@ from clef_runtime.jobs.store import (
     JobStoreUnavailable,
 )
 from clef_runtime.model.resolve import model_identity
-from clef_runtime.protocol.custom_ids import duplicate_message, first_duplicate
+from clef_runtime.protocol.custom_ids import (
+    CUSTOM_ID_MAX_CHARS,
+    custom_id_error,
+    duplicate_message,
+    first_duplicate,
+    is_valid_custom_id,
+)
 from clef_runtime.protocol.errors import RequestValidationError
 from clef_runtime.protocol.images import parse_with_images
 from clef_runtime.server.runtime import ServerRuntime
@@ -38,7 +44,6 @@ __all__ = ["CUSTOM_ID_MAX_CHARS", "JobsService", "ParsedJob", "job_model", "pars
 
 logger = logging.getLogger("clef_runtime.jobs")
 
-CUSTOM_ID_MAX_CHARS = 256
 #: Invalid lines listed in a 422 (the count of all of them is given too).
 MAX_LISTED_ERRORS = 100
 
@@ -60,16 +65,10 @@ def _validate_line(data: Any) -> tuple[str | None, str]:
         raise RequestValidationError.single((), "a line must be a JSON object (a System One request)", "type")
     body = dict(data)
     custom_id = body.pop("custom_id", None)
-    if custom_id is not None and not _is_valid_custom_id(custom_id):
-        raise RequestValidationError.single(
-            ("custom_id",), f"custom_id must be a string of 1-{CUSTOM_ID_MAX_CHARS} characters", "string_type"
-        )
+    if custom_id is not None and not is_valid_custom_id(custom_id):
+        raise custom_id_error()
     parse_with_images(body)
     return custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _is_valid_custom_id(value: Any) -> bool:
-    return isinstance(value, str) and 1 <= len(value) <= CUSTOM_ID_MAX_CHARS
 
 
 def parse_job_body(raw: bytes, *, max_lines: int) -> ParsedJob:
@@ -136,7 +135,7 @@ def _refuse_duplicate_custom_ids(lines: list[JobLine]) -> None:
     (the repeat is no fault of one line to record as failed, and a job must not be half-run). Only a valid
     custom_id counts, on a valid line or an invalid one (its failed result carries the id too)."""
     repeated = first_duplicate(
-        (line.line, line.custom_id if _is_valid_custom_id(line.custom_id) else None) for line in lines
+        (line.line, line.custom_id if is_valid_custom_id(line.custom_id) else None) for line in lines
     )
     if repeated is not None:
         custom_id, first_line, line = repeated
