@@ -218,3 +218,35 @@ def test_a_cuda_device_reserves_a_gpu_per_actor_unless_told(flags: list[str], gp
     job = _job(args)
     assert job.ray is not None
     assert (job.ray.address, job.ray.replicas, job.ray.num_gpus) == (None, 3, gpus)
+
+
+def test_hits_reuse_the_state_and_without_a_state_cache_there_are_none(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(12, 3))
+    status, summary, stderr = _batch(str(source), str(tmp_path / "out"))
+    assert status == 0, stderr
+    rows = read_output(str(tmp_path / "out"))
+    for row in rows:
+        cached = json.loads(row.response or "")["usage"]["input_tokens_details"]["cached_tokens"]
+        # A hit took its state's tokens from the cache instead of running them; a miss ran them all.
+        assert (cached > 0) == (row.cache == "hit"), row
+    assert summary["cache_hits"] == 9
+    # The negative control: with no state cache and batches of 3 in input order (rows about one state are 3
+    # apart: never in one batch, where the engine would still share a state between rows), every row
+    # computes its own state.
+    status, summary, stderr = _batch(
+        str(source), str(tmp_path / "uncached"), "--cache-mb", "0", "--grouping", "none", "--batch-rows", "3"
+    )
+    assert status == 0, stderr
+    assert summary["cache_hits"] == 0
+
+
+def test_a_commit_is_also_made_every_commit_seconds(tmp_path: Path) -> None:
+    from clef_runtime.batch.pipeline import BatchJob, run_batch
+
+    source = write_jsonl(tmp_path / "in.jsonl", ticket_requests(12, 12))
+    run_batch(BatchJob(str(source), str(tmp_path / "rows"), batch_rows=4, commit_rows=10**6))
+    assert len(list((tmp_path / "rows").glob("part-*"))) == 1  # one commit, at the end
+    run_batch(
+        BatchJob(str(source), str(tmp_path / "timed"), batch_rows=4, commit_rows=10**6, commit_seconds=1e-6)
+    )
+    assert len(list((tmp_path / "timed").glob("part-*"))) == 3  # one per answered batch
